@@ -1,0 +1,160 @@
+"""Speed of fastai_xla against the hand-written torch_xla loop and naive fastai on XLA.
+
+    PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 3] [--naive-epochs 2] [--models mlp]
+
+Each row runs in its own process (a crash or an out-of-memory compiler in the naive row
+cannot take the others down) on the same data, model, batch size and optimizer:
+- `reference`: ../shared/repro/raw_torch_xla_loop.py's loop (MpDeviceLoader, torch Adam);
+- `fastai_xla`: a fastai Learner with `to_tpu_distributed()`, torch Adam through OptimWrapper;
+- `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
+Epoch time is the median over the epochs after the first (compilation happens in the first),
+then the median over `--repeats` runs; the reference and fastai_xla runs alternate, so that
+a slow spell of this shared machine hits both. The ratio divides by the reference measured
+in the same invocation."""
+import argparse, json, os, statistics, subprocess, sys, time
+
+MODELS = ['mlp']
+
+def digits_tensors():
+    import torch
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X, dtype=torch.float32)/16.; y = torch.tensor(y)
+    n = int(len(X)*0.8)
+    return X[:n], y[:n], X[n:], y[n:]
+
+def make_model(name):
+    import torch.nn as nn
+    if name == 'mlp': return nn.Sequential(nn.Linear(64,128), nn.ReLU(), nn.Linear(128,10))
+    raise ValueError(name)
+
+def counters():
+    import torch_xla.debug.metrics as met
+    get = lambda k: (met.metric_data(k) or [0])[0]
+    return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
+
+def run_reference(model_name, epochs):
+    "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch."
+    import torch, torch_xla
+    import torch_xla.distributed.parallel_loader as pl
+    Xt, yt, Xv, yv = digits_tensors(); torch.manual_seed(0)
+    d = torch_xla.device()
+    model = make_model(model_name).to(d)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    tr = torch.utils.data.TensorDataset(Xt, yt); va = torch.utils.data.TensorDataset(Xv, yv)
+    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=64, shuffle=True, drop_last=True), d)
+    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=64, drop_last=False), d)
+    times, per_epoch, acc = [], [], None
+    for ep in range(epochs):
+        c0 = counters(); t = time.perf_counter(); model.train()
+        for xb, yb in trl:
+            loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step(); opt.zero_grad()
+        model.eval(); correct = torch.zeros((), device=d); tot = 0
+        with torch.no_grad():
+            for xb, yb in val:
+                correct += (model(xb).argmax(1)==yb).sum(); tot += len(yb)
+        acc = correct.item()/tot; _ = loss.item()
+        times.append(time.perf_counter() - t); per_epoch.append({k: v - c0[k] for k, v in counters().items()})
+    return dict(times=times, per_epoch=per_epoch, accuracy=acc)
+
+def _fastai_learner(model_name):
+    import torch
+    from functools import partial
+    from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, accuracy, OptimWrapper
+    from fastai.data.load import DataLoader
+    import fastai.callback.progress  # Learner.no_bar
+    Xt, yt, Xv, yv = digits_tensors(); torch.manual_seed(0)
+    dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=64, shuffle=True, drop_last=True),
+                      DataLoader(list(zip(Xv, yv)), bs=64))
+    return Learner(dls, make_model(model_name), loss_func=CrossEntropyLossFlat(), metrics=accuracy,
+                   opt_func=partial(OptimWrapper, opt=torch.optim.Adam))
+
+class _Timer:
+    "Times each epoch and reads the XLA counters around it."
+    def __init__(self): self.times, self.per_epoch = [], []
+    def callback(self):
+        from fastai.callback.core import Callback
+        timer = self
+        class EpochTimer(Callback):
+            order = 100
+            def before_epoch(self): self.c0, self.t = counters(), time.perf_counter()
+            def after_epoch(self):
+                timer.times.append(time.perf_counter() - self.t)
+                timer.per_epoch.append({k: v - self.c0[k] for k, v in counters().items()})
+        return EpochTimer()
+
+def run_fastai_xla(model_name, epochs):
+    from fastai_xla.all import xla_device
+    xla_device()
+    learn = _fastai_learner(model_name).to_tpu_distributed()
+    timer = _Timer()
+    with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
+    return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
+
+def run_naive(model_name, epochs):
+    import torch_xla
+    d = torch_xla.device()
+    learn = _fastai_learner(model_name)
+    learn.model.to(d)           # moved before the optimizer exists, so that it learns
+    learn.dls.device = d
+    timer = _Timer()
+    with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
+    return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
+
+RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive)
+
+def run_child(kind, model_name, epochs, timeout):
+    cmd = [sys.executable, __file__, '--child', kind, model_name, str(epochs)]
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
+    try: out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired: return dict(error=f'timed out after {timeout}s')
+    for line in out.stdout.splitlines()[::-1]:
+        if line.startswith('RESULT '): return json.loads(line[7:])
+    return dict(error=(out.stderr.strip().splitlines() or ['no output'])[-1][:80])
+
+def summarize(res):
+    if 'error' in res: return None
+    later = res['times'][1:] or res['times']
+    pe = res['per_epoch']
+    return dict(epoch_s=statistics.median(later), compiles=sum(p['compiles'] for p in pe),
+                compiles_after_1=sum(p['compiles'] for p in pe[1:]),
+                to_host_per_epoch=statistics.median(p['to_host'] for p in pe[1:] or pe), accuracy=res['accuracy'])
+
+def combine(ss):
+    "Median epoch time over runs; the counters and accuracy of the last run."
+    if not ss: return None
+    return dict(ss[-1], epoch_s=statistics.median(s['epoch_s'] for s in ss))
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--epochs', type=int, default=6)
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--naive-epochs', type=int, default=2)
+    p.add_argument('--models', default=','.join(MODELS))
+    p.add_argument('--timeout', type=int, default=900)
+    p.add_argument('--child', nargs=3)
+    a = p.parse_args()
+    if a.child:
+        kind, model_name, epochs = a.child
+        print('RESULT ' + json.dumps(RUNNERS[kind](model_name, int(epochs))), flush=True)
+        return
+    rows = []
+    for model_name in a.models.split(','):
+        runs = {'reference': [], 'fastai_xla': []}
+        for _ in range(a.repeats):
+            for kind in runs: runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
+        runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
+        summaries = {k: [s for s in map(summarize, v) if s] for k, v in runs.items()}
+        ref = combine(summaries['reference'])
+        for kind, ss in summaries.items():
+            if not ss: rows.append((model_name, kind, runs[kind][0].get('error', 'failed'))); continue
+            s = combine(ss)
+            ratio = s['epoch_s'] / ref['epoch_s'] if ref else float('nan')
+            rows.append((model_name, kind, f"{s['epoch_s']:.4f}", f'{ratio:.2f}', s['compiles'], s['compiles_after_1'],
+                         f"{s['to_host_per_epoch']:g}", f"{s['accuracy']:.4f}", len(ss)))
+    head = ('model', 'run', 'epoch s (median, after 1st)', 'ratio to reference', 'compiles', 'compiles after epoch 1',
+            'host transfers / epoch', 'final accuracy', 'runs')
+    print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))
+    for r in rows: print('| ' + ' | '.join(map(str, r)) + ' |')
+
+if __name__ == '__main__': main()

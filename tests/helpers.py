@@ -1,0 +1,46 @@
+"Small real learners on scikit-learn data, shared by the tests."
+import torch, numpy as np, pandas as pd
+from fastai.basics import *
+from fastai.callback.all import *
+from fastai.vision.all import ConvLayer, Flatten
+from fastai.tabular.all import TabularPandas, tabular_learner, Categorify, Normalize as TabNormalize, CategoryBlock
+from fastai_xla.all import *
+
+def digits_cnn():
+    return nn.Sequential(ConvLayer(1, 16, stride=2), ConvLayer(16, 32, stride=2), nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(32, 10))
+
+def digits_learner(seed=0, bs=64, model=None, metrics=accuracy, **kwargs):
+    set_seed(seed, reproducible=True)
+    dls = digits_dls(bs=bs, seed=42)
+    return Learner(dls, model or digits_cnn(), loss_func=CrossEntropyLossFlat(), metrics=metrics, **kwargs)
+
+class EpochCounters(Callback):
+    "XLA counters of each epoch."
+    order = 100
+    def before_fit(self): self.epochs = []
+    def before_epoch(self): self.c0 = xla_counters()
+    def after_epoch(self): self.epochs.append(counters_diff(xla_counters(), self.c0))
+
+def digits_frame():
+    "scikit-learn's digits as a table: 64 pixel columns (values 0-16); the 8 pixels of the middle row are treated as categories."
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)])
+    df['digit'] = y.astype(str)
+    cats = [f'p{i}' for i in range(32, 40)]
+    for c in cats: df[c] = df[c].astype(int).astype(str)
+    conts = [c for c in df.columns if c.startswith('p') and c not in cats]
+    return df, cats, conts
+
+def tabular_digits_learner(seed=0, bs=64):
+    set_seed(seed, reproducible=True)
+    df, cats, conts = digits_frame()
+    splits = RandomSplitter(0.2, seed=42)(range_of(df))
+    to = TabularPandas(df, procs=[Categorify, TabNormalize], cat_names=cats, cont_names=conts, y_names='digit',
+                       y_block=CategoryBlock(), splits=splits)
+    dls = to.dataloaders(bs=bs, num_workers=0)
+    return tabular_learner(dls, layers=[100, 50], metrics=accuracy)
+
+def final(learn, name):
+    "The last epoch's value of metric `name` from the Recorder."
+    return learn.recorder.values[-1][learn.recorder.metric_names.index(name) - 1]

@@ -1,0 +1,150 @@
+"""One replica on the CPU XLA device (PJRT_DEVICE=CPU): real fastai learners on scikit-learn
+data. Covers fastai_xla's single-device path end to end: device placement, optimizer
+re-binding, graph boundaries, padding, device-side metrics, checkpoints. Every comparison
+with eager training runs the same seed and schedule on torch's CPU device."""
+import pytest, torch
+from helpers import *
+
+def test_digits_cnn_matches_eager_cpu():
+    cpu = digits_learner(); cpu.fit_one_cycle(4, 1e-2)
+    xla = digits_learner().to_xla(seed=0); xla.fit_one_cycle(4, 1e-2)
+    acc_cpu, acc_xla = final(cpu, 'accuracy'), final(xla, 'accuracy')
+    assert acc_xla > 0.9, acc_xla
+    assert abs(acc_xla - acc_cpu) <= 0.02, (acc_cpu, acc_xla)
+
+def test_tabular_with_embeddings_matches_eager_cpu():
+    cpu = tabular_digits_learner(); cpu.fit_one_cycle(4, 1e-2)
+    xla = tabular_digits_learner().to_xla(seed=0)
+    assert isinstance(xla.model.embeds[0].weight, torch.nn.Parameter)
+    xla.fit_one_cycle(4, 1e-2)
+    acc_cpu, acc_xla = final(cpu, 'accuracy'), final(xla, 'accuracy')
+    assert all(is_xla(p) for p in xla.model.parameters())
+    assert acc_xla > 0.9, acc_xla
+    assert abs(acc_xla - acc_cpu) <= 0.02, (acc_cpu, acc_xla)
+
+def test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1():
+    counts = EpochCounters()
+    learn = digits_learner(cbs=counts).to_xla(seed=0)
+    learn.fit(5, 1e-2)
+    compiles = [e['compiles'] for e in counts.epochs]
+    assert sum(compiles) <= 4, compiles
+    assert compiles[1:] == [0, 0, 0, 0], compiles
+
+def test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches():
+    reads = {}
+    for bs in (64, 16):   # 22 and 89 training batches per epoch
+        counts = EpochCounters()
+        learn = digits_learner(bs=bs, cbs=counts).to_xla(seed=0)
+        learn.fit(2, 1e-2)
+        reads[bs] = counts.epochs[-1]['to_host']
+        assert len(learn.dls.train) == 1438 // bs
+    assert reads[16] == reads[64], reads      # a constant, not proportional to the batches
+    assert reads[64] <= 12, reads
+
+def test_fit_again_keeps_the_optimizer_on_the_model_parameters():
+    learn = digits_learner().to_xla(seed=0)
+    learn.fit(1, 1e-2)
+    w0 = learn.model[-1].weight.detach().cpu().clone()
+    learn.fit(1, 1e-2)
+    model_params = {id(p) for p in learn.model.parameters()}
+    assert all(id(p) in model_params for pg in learn.opt.param_lists for p in pg)
+    assert not torch.equal(w0, learn.model[-1].weight.detach().cpu())    # the second fit trained
+
+def test_optimizer_created_before_to_xla_is_rebound():
+    "vision-style: the optimizer exists (on the CPU parameters) before the learner moves to XLA."
+    learn = digits_learner()
+    learn.create_opt()
+    cpu_params = [p for pg in learn.opt.param_lists for p in pg]
+    learn.to_xla(seed=0)
+    assert all(is_xla(p) for pg in learn.opt.param_lists for p in pg)
+    assert not any(p is q for pg in learn.opt.param_lists for p in pg for q in cpu_params)
+    learn.fit(2, 1e-2)
+    assert final(learn, 'accuracy') > 0.8
+
+def test_save_load_then_fit(tmp_path):
+    learn = digits_learner(path=tmp_path).to_xla(seed=0)
+    learn.fit(1, 1e-2)
+    learn.save('ckpt')
+    state = torch.load(tmp_path/'models'/'ckpt.pth', weights_only=False)
+    assert not is_xla(next(iter(state['model'].values())))      # CPU tensors in the file
+    acc = learn.validate()[1]
+    learn.fit(1, 1e-2)
+    learn.load('ckpt')
+    test_close(learn.validate()[1], acc)
+    learn.fit(1, 1e-2)                                          # the loaded optimizer state steps on the device
+    assert all(v.device.type == 'xla' for s in learn.opt.state.values() for v in s.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+def test_fine_tune_freezes_then_unfreezes():
+    from fastai.vision.all import vision_learner, resnet18
+    set_seed(0)
+    learn = vision_learner(digits_dls(bs=64), resnet18, pretrained=False, n_in=1, metrics=accuracy)
+    learn.freeze()
+    learn.to_xla(seed=0)
+    body = [p for p in learn.model[0].parameters() if not isinstance(p, torch.Tensor) or p.dim() > 1][:1][0]
+    b0 = body.detach().cpu().clone()
+    learn.fit(1, 1e-3)                                   # frozen: the body's convolutions do not move
+    assert torch.equal(b0, learn.model[0][0].weight.detach().cpu())
+    learn.unfreeze(); learn.fit(1, 1e-3)
+    assert not torch.equal(b0, learn.model[0][0].weight.detach().cpu())
+    learn.fine_tune(1, freeze_epochs=1)
+    assert final(learn, 'accuracy') > 0.5
+
+def test_gradient_accumulation_steps_every_other_batch():
+    steps = []
+    class CountSteps(Callback):
+        def after_step(self): steps.append(self.iter)
+    learn = digits_learner(cbs=[GradientAccumulation(n_acc=128), CountSteps()]).to_xla(seed=0)
+    learn.fit(1, 1e-2)
+    assert len(steps) == len(learn.dls.train) // 2
+    assert final(learn, 'accuracy') > 0.5
+
+def test_gradient_clip_matches_eager_cpu():
+    cpu = digits_learner(cbs=GradientClip(0.05)); cpu.fit(2, 1e-2)
+    xla = digits_learner(cbs=GradientClip(0.05)).to_xla(seed=0); xla.fit(2, 1e-2)
+    assert abs(final(cpu, 'accuracy') - final(xla, 'accuracy')) <= 0.03
+
+def test_save_model_and_early_stopping(tmp_path):
+    learn = digits_learner(path=tmp_path).to_xla(seed=0)
+    learn.fit(6, 1e-2, cbs=[SaveModelCallback(monitor='accuracy', fname='best'),
+                            EarlyStoppingCallback(monitor='valid_loss', min_delta=10.0, patience=1)])
+    assert len(learn.recorder.values) == 2            # no improvement of 10 in the loss: stops after patience
+    assert (tmp_path/'models'/'best.pth').exists()
+    best = max(v[2] for v in learn.recorder.values)
+    test_close(learn.validate()[1], best)             # the best model was loaded at the end
+
+def test_lr_find_restores_the_weights():
+    learn = digits_learner().to_xla(seed=0)
+    w0 = learn.model[-1].weight.detach().cpu().clone()
+    res = learn.lr_find(num_it=30, show_plot=False)
+    assert res.valley > 0
+    assert torch.equal(w0, learn.model[-1].weight.detach().cpu())
+    assert len(learn.recorder.losses) > 5 and not is_xla(learn.recorder.losses[0])
+
+def test_accum_metrics_are_exact():
+    from sklearn.metrics import f1_score
+    learn = digits_learner(metrics=[accuracy, F1Score(average='macro')]).to_xla(seed=0)
+    learn.fit(2, 1e-2)
+    f1, acc = final(learn, 'f1_score'), final(learn, 'accuracy')   # (get_preds adds a row to the Recorder)
+    preds, targs = learn.get_preds()
+    assert len(preds) == len(learn.dls.valid_ds) == 359
+    test_close(f1, f1_score(targs, preds.argmax(1), average='macro'))
+    test_close(acc, (preds.argmax(1) == targs).float().mean().item())
+
+def test_get_preds_with_input_and_loss_drop_the_padding():
+    learn = digits_learner().to_xla(seed=0)
+    learn.fit(1, 1e-2)
+    inp, preds, targs, losses = learn.get_preds(with_input=True, with_loss=True)
+    assert inp.shape == (359, 1, 8, 8) and preds.shape == (359, 10) and losses.shape == (359,)
+    test_close(losses.mean().item(), learn.validate()[0], eps=1e-4)
+    test_eq(targs, torch.stack([o[1] for o in learn.dls.valid_ds]))
+
+def test_predict_and_show_results():
+    import matplotlib; matplotlib.use('Agg')
+    learn = digits_learner().to_xla(seed=0)
+    learn.fit(2, 1e-2)
+    item = learn.dls.valid_ds.items[0]
+    cls, idx, probs = learn.predict(item)
+    assert probs.shape == (10,) and not is_xla(probs)
+    assert str(cls) == item[1] or probs.max() < 0.99
+    learn.show_results(max_n=4)

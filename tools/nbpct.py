@@ -5,7 +5,7 @@
 
 A cell starts at a line `# %%` (code) or `# %% [markdown]` (markdown: each line starts with `# `).
 Outputs are not kept: the notebooks in `nbs/` are stored without outputs."""
-import json, sys
+import hashlib, json, sys
 from pathlib import Path
 
 def _cell(kind, lines):
@@ -17,6 +17,16 @@ def _cell(kind, lines):
     if kind == 'code': cell.update(execution_count=None, outputs=[])
     return cell
 
+def _with_ids(cells):
+    "Stable cell ids (nbdev writes them into the exported modules): a hash of the cell's source."
+    seen = set()
+    for c in cells:
+        base = hashlib.sha1(''.join(c['source']).encode()).hexdigest()[:8]
+        cid, i = base, 0
+        while cid in seen: i += 1; cid = f'{base}{i}'
+        seen.add(cid); c['id'] = cid
+    return cells
+
 def pct_to_nb(text):
     cells, kind, lines = [], None, []
     for line in text.splitlines():
@@ -26,7 +36,7 @@ def pct_to_nb(text):
         elif kind: lines.append(line)
     if kind: cells.append(_cell(kind, lines))
     meta = dict(kernelspec=dict(display_name='python3', language='python', name='python3'))
-    return dict(cells=cells, metadata=meta, nbformat=4, nbformat_minor=5)
+    return dict(cells=_with_ids(cells), metadata=meta, nbformat=4, nbformat_minor=5)
 
 def nb_to_pct(nb):
     out = []

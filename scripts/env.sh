@@ -18,14 +18,16 @@ if ! _stamp_ok "$ROOT/.venv" "$BASE_SPEC"; then
     echo "$BASE_SPEC" > "$ROOT/.venv/.fastai_xla-stamp"
 fi
 
-if ! _stamp_ok "$ROOT/.venv-latest" "$BASE_SPEC | $LATEST_SPEC"; then
+LATEST_STAMP="$BASE_SPEC | $LATEST_SPEC | addsitedir"
+if ! _stamp_ok "$ROOT/.venv-latest" "$LATEST_STAMP"; then
     echo "fastai_xla: creating $ROOT/.venv-latest (newest fastai over the same torch/torch_xla)..." >&2
     "$PY" -m venv "$ROOT/.venv-latest"
     SITE_BASE="$("$ROOT/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
     SITE_LATEST="$("$ROOT/.venv-latest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    # the base environment's packages come after this one's: the newer fastai and fastcore win
-    echo "$SITE_BASE" > "$SITE_LATEST/_fastai_xla_base_env.pth"
+    # the base environment's packages (and its .pth files, such as the editable install of
+    # fastai_xla) come after this one's: the newer fastai and fastcore win
+    echo "import site; site.addsitedir('$SITE_BASE')" > "$SITE_LATEST/_fastai_xla_base_env.pth"
     "$ROOT/.venv-latest/bin/pip" install -q --disable-pip-version-check $LATEST_SPEC 2>&1 | grep -v "^Not uninstalling\|outside environment\|Can't uninstall" >&2 || true
     "$ROOT/.venv-latest/bin/python" -c "import fastai, fastcore; assert fastai.__version__ == '${LATEST_SPEC#fastai==}', fastai.__version__"
-    echo "$BASE_SPEC | $LATEST_SPEC" > "$ROOT/.venv-latest/.fastai_xla-stamp"
+    echo "$LATEST_STAMP" > "$ROOT/.venv-latest/.fastai_xla-stamp"
 fi

@@ -1,7 +1,7 @@
 """Run every notebook in nbs/ in a real Jupyter kernel, as nbdev_test does: all code cells
 in order, skipping cells marked `#| eval: false`. scripts/test.sh runs this with the newest
 fastai, where nbdev 2 itself cannot be installed (it needs fastcore < 2)."""
-import re
+import re, sys
 from pathlib import Path
 import nbformat, pytest
 from nbclient import NotebookClient
@@ -14,4 +14,7 @@ _no_eval = re.compile(r'^\s*#\s*\|\s*eval\s*:\s*false', re.M)
 def test_notebook(path):
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if c.cell_type == 'code' and not _no_eval.search(c.source)]
+    # the kernel must be this interpreter (so the notebooks run with this environment's fastai)
+    check = f"import sys, fastai; assert sys.executable == {sys.executable!r}, sys.executable; print(fastai.__version__)"
+    nb.cells.insert(0, nbformat.v4.new_code_cell(check))
     NotebookClient(nb, timeout=900, kernel_name='python3', resources={'metadata': {'path': str(path.parent)}}).execute()

@@ -13,7 +13,7 @@ a slow spell of this shared machine hits both. The ratio divides by the referenc
 in the same invocation."""
 import argparse, json, os, statistics, subprocess, sys, time
 
-MODELS = ['mlp']
+MODELS = ['mlp', 'cnn']
 
 def digits_tensors():
     import torch
@@ -26,6 +26,10 @@ def digits_tensors():
 def make_model(name):
     import torch.nn as nn
     if name == 'mlp': return nn.Sequential(nn.Linear(64,128), nn.ReLU(), nn.Linear(128,10))
+    if name == 'cnn':   # digits as 1x8x8 images
+        conv = lambda ni, nf: nn.Sequential(nn.Conv2d(ni, nf, 3, padding=1), nn.BatchNorm2d(nf), nn.ReLU())
+        return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), conv(1, 64), conv(64, 128), nn.MaxPool2d(2),
+                             conv(128, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
     raise ValueError(name)
 
 def counters():

@@ -11,8 +11,9 @@ from fastcore.basics import patch, store_attr
 
 # %% auto #0
 __all__ = ['check_torch_xla', 'tpu_chips', 'choose_pjrt_device', 'import_torch_xla', 'xla_device', 'device_kind', 'is_xla',
-           'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'replica_ordinal', 'replica_count', 'is_master',
-           'xla_counters', 'counters_diff']
+           'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'XLATransport', 'GlooTransport', 'transport',
+           'replica_ordinal', 'replica_count', 'is_master', 'all_reduce_mean_', 'all_reduce_sum_', 'all_gather',
+           'broadcast_', 'broadcast_object', 'barrier', 'xla_counters', 'counters_diff']
 
 # %% ../nbs/00_core.ipynb #9458b1a7
 def _release(version:str) -> str:
@@ -155,20 +156,110 @@ def to_host(b):
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 
-# %% ../nbs/00_core.ipynb #cb5f77a3
+# %% ../nbs/00_core.ipynb #d6389aca
+import pickle
+
+class XLATransport:
+    "Cross-replica traffic through torch_xla's collectives."
+    name = 'xla'
+    def ordinal(self):
+        import_torch_xla(); import torch_xla.runtime as xr
+        return xr.global_ordinal()
+    def count(self):
+        import_torch_xla(); import torch_xla.runtime as xr
+        return xr.world_size()
+    def _xm(self):
+        import_torch_xla(); import torch_xla.core.xla_model as xm
+        return xm
+    def all_reduce_sum(self, tensors, scale=1.0):
+        "Sum each tensor over replicas, in place, inside the graph (then times `scale`)."
+        self._xm().all_reduce(self._xm().REDUCE_SUM, list(tensors), scale=scale)
+    def all_gather(self, t):
+        "`t` of every replica, stacked: shape `[count, *t.shape]`."
+        return self._xm().all_gather(t[None], dim=0)
+    def broadcast_(self, tensors, src=0):
+        self._xm().collective_broadcast(list(tensors), root_ordinal=src)
+    def broadcast_object(self, obj, src=0, tag='broadcast'):
+        return pickle.loads(self._xm().rendezvous(tag, pickle.dumps(obj))[src])
+    def barrier(self, tag='barrier'): self._xm().rendezvous(tag)
+
+class GlooTransport:
+    "Cross-replica traffic through `torch.distributed` (gloo) between processes, via host memory."
+    name = 'gloo'
+    def _dist(self):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group('gloo', timeout=__import__('datetime').timedelta(seconds=float(os.environ.get('FASTAI_XLA_TIMEOUT', 300))))
+        return dist
+    def ordinal(self): return self._dist().get_rank()
+    def count(self): return self._dist().get_world_size()
+    def all_reduce_sum(self, tensors, scale=1.0):
+        tensors = list(tensors)
+        if not tensors: return
+        flat = torch.cat([t.detach().reshape(-1).float() for t in to_host(tensors)])
+        self._dist().all_reduce(flat)
+        flat = flat * scale
+        sizes = [t.numel() for t in tensors]
+        for t, part in zip(tensors, flat.split(sizes)): t.copy_(part.reshape(t.shape).to(t.dtype).to(t.device))
+    def all_gather(self, t):
+        host = to_host(t.detach()).contiguous()
+        parts = [torch.empty_like(host) for _ in range(self.count())]
+        self._dist().all_gather(parts, host)
+        res = torch.stack(parts)
+        return to_xla(res, t.device) if is_xla(t) else res
+    def broadcast_(self, tensors, src=0):
+        for t in tensors:
+            host = to_host(t.detach()).contiguous()
+            self._dist().broadcast(host, src)
+            t.copy_(host.to(t.device) if is_xla(t) else host)
+    def broadcast_object(self, obj, src=0, tag='broadcast'):
+        box = [obj]; self._dist().broadcast_object_list(box, src)
+        return box[0]
+    def barrier(self, tag='barrier'): self._dist().barrier()
+
+_transports = dict(xla=XLATransport(), gloo=GlooTransport())
+
+def transport():
+    "The transport replicas use in this process (`FASTAI_XLA_TRANSPORT`, default `xla`)."
+    name = os.environ.get('FASTAI_XLA_TRANSPORT', 'xla')
+    if name not in _transports: raise ValueError(f"FASTAI_XLA_TRANSPORT must be one of {list(_transports)}, not {name!r}")
+    return _transports[name]
+
+# %% ../nbs/00_core.ipynb #61a1b510
 def replica_ordinal() -> int:
     "The ordinal of this replica among all replicas (0 is the master)."
-    import_torch_xla()
-    import torch_xla.runtime as xr
-    return xr.global_ordinal()
+    return transport().ordinal()
 
 def replica_count() -> int:
     "How many replicas train together."
-    import_torch_xla()
-    import torch_xla.runtime as xr
-    return xr.world_size()
+    return transport().count()
 
 def is_master() -> bool: return replica_ordinal() == 0
+
+def all_reduce_mean_(tensors):
+    "Replace each tensor by its mean over all replicas (in place; nothing to do for one replica)."
+    n = replica_count()
+    if n > 1: transport().all_reduce_sum(tensors, scale=1.0/n)
+
+def all_reduce_sum_(tensors):
+    "Replace each tensor by its sum over all replicas (in place)."
+    if replica_count() > 1: transport().all_reduce_sum(tensors)
+
+def all_gather(t):
+    "`t` from every replica, stacked along a new first dimension."
+    return transport().all_gather(t) if replica_count() > 1 else t[None]
+
+def broadcast_(tensors, src:int=0):
+    "Copy the master's values of `tensors` into every replica's (in place)."
+    if replica_count() > 1: transport().broadcast_(tensors, src)
+
+def broadcast_object(obj, src:int=0, tag:str='broadcast'):
+    "The master's `obj` (picklable), on every replica."
+    return transport().broadcast_object(obj, src, tag) if replica_count() > 1 else obj
+
+def barrier(tag:str='barrier'):
+    "Wait until every replica gets here."
+    if replica_count() > 1: transport().barrier(tag)
 
 # %% ../nbs/00_core.ipynb #91a31b0d
 _COUNTED = dict(compiles='CompileTime', executions='ExecuteTime',

@@ -1,0 +1,153 @@
+"""Several replicas for real: `learn.launch(..., transport='gloo', nprocs=N)` starts N
+processes, each with its own CPU XLA device (PJRT_DEVICE=CPU), whose cross-replica traffic
+(start weights, gradients, metric totals, predictions, the shuffling seed, barriers) goes
+through fastai_xla's collective layer over torch.distributed/gloo.
+
+What this covers: the whole multi-replica path of fastai_xla (sharding, padding, gradient
+averaging, metric reduction, ordered gathering, master-only output, launch and return)
+with real replicas and real collectives. What it does not cover: torch_xla's own
+in-graph collectives (`XLATransport`), which deadlock across CPU devices on torch_xla
+2.5-2.9 and need a TPU (or SPMD, see the SPMD tests)."""
+import json, os, hashlib
+from pathlib import Path
+import pytest, torch
+from helpers import *
+
+def _params_digest(learn):
+    h = hashlib.sha256()
+    for p in learn.model.parameters(): h.update(to_host(p.detach()).numpy().tobytes())
+    return h.hexdigest()
+
+def indexed_digits_dls(bs=64, val_bs=None, n_valid=None):
+    "Digits as 65 features: 64 pixels and the item's index (the model ignores it; the tests read it to see which items each replica got)."
+    from sklearn.datasets import load_digits
+    from fastai.data.load import DataLoader
+    X, y = load_digits(return_X_y=True)
+    X = torch.tensor(X, dtype=torch.float32) / 16.
+    items = [(torch.cat([X[i], torch.tensor([float(i)])]), torch.tensor(int(y[i]))) for i in range(len(X))]
+    n = int(len(items) * 0.8)
+    return DataLoaders(DataLoader(items[:n], bs=bs, shuffle=True, drop_last=True),
+                       DataLoader(items[n:n + (n_valid or len(items))], bs=val_bs or bs))
+
+class Pixels(nn.Module):
+    def forward(self, x): return x[:, :64]
+
+def indexed_mlp(): return nn.Sequential(Pixels(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+def indexed_learner(bs=64, val_bs=None, metrics=None, n_valid=None, **kwargs):
+    set_seed(0)
+    return Learner(indexed_digits_dls(bs, val_bs, n_valid), indexed_mlp(), loss_func=CrossEntropyLossFlat(),
+                   metrics=metrics if metrics is not None else [accuracy, F1Score(average='macro')], **kwargs)
+
+class RecordItems(Callback):
+    "Which items (by index feature) reached this replica's model, per epoch and phase, padding cut."
+    order = TPUCallback.order + 1
+    def before_fit(self): self.seen = []
+    def after_pred(self):
+        ids = to_host(self.learn.xb[0][:, 64]).long().tolist()
+        self.seen.append((self.epoch, 'train' if self.training else 'valid', ids))
+
+def train_and_report(learn, out_dir, epochs=2, lr=1e-2, extra_cbs=()):
+    rec = RecordItems()
+    learn.fit(epochs, lr, cbs=[rec, *extra_cbs])
+    values = [[float(x) for x in v] for v in learn.recorder.values]   # (get_preds resets the Recorder, as in fastai)
+    preds, targs = learn.get_preds()
+    report = dict(rank=replica_ordinal(), world=replica_count(), seen=rec.seen, digest=_params_digest(learn), values=values)
+    Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(report))
+    return dict(preds=preds, targs=targs)
+
+def reports(out_dir): return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob('replica-*.json'))]
+
+@pytest.fixture(scope='module')
+def two_replicas(tmp_path_factory):
+    "One 2-replica run shared by several tests: fit 2 epochs, get_preds, per-replica reports."
+    out = tmp_path_factory.mktemp('two')
+    learn = indexed_learner(bs=32)
+    res = learn.launch(train_and_report, str(out), nprocs=2, transport='gloo')
+    return learn, res, reports(out)
+
+def test_shards_are_disjoint_and_cover_the_data(two_replicas):
+    learn, res, reps = two_replicas
+    assert [r['rank'] for r in reps] == [0, 1] and all(r['world'] == 2 for r in reps)
+    n_train, n_valid = len(learn.dls.train_ds), len(learn.dls.valid_ds)
+    for epoch in (0, 1):
+        for phase, n, lo in (('train', n_train, 0), ('valid', n_valid, n_train)):
+            per = [sorted(i for e, p, ids in r['seen'] if e == epoch and p == phase for i in ids) for r in reps]
+            assert not set(per[0]) & set(per[1])                         # disjoint
+            union = set(per[0]) | set(per[1])
+            if phase == 'valid': assert union == set(range(lo, lo + n))  # every validation item once, padding cut
+            else: assert union <= set(range(n)) and n - len(union) < 2 * 32   # only a ragged tail is dropped
+            assert len(per[0]) == len(per[1]) or phase == 'valid'
+    # the epoch order changes between epochs, the same way on every replica
+    firsts = [[ids for e, p, ids in r['seen'] if p == 'train'][0] for r in reps]
+    assert firsts[0] != firsts[1]
+
+def test_replicas_end_with_identical_weights_which_come_back(two_replicas):
+    learn, res, reps = two_replicas
+    assert reps[0]['digest'] == reps[1]['digest']
+    assert _params_digest(learn) == reps[0]['digest']       # the launching process has the trained weights
+    assert len(reps[0]['values']) == 2 and len(learn.recorder.values) >= 1   # and the Recorder's history
+
+def test_metrics_equal_one_device_for_the_same_weights(two_replicas):
+    learn, res, reps = two_replicas
+    valid_loss, acc, f1 = reps[0]['values'][1][1:4]   # epoch 2: train_loss, valid_loss, accuracy, f1
+    assert reps[1]['values'][1] == reps[0]['values'][1]     # every replica reports the same (reduced) values
+    one = learn.validate()                                   # the same weights, one eager CPU device, whole valid set
+    test_close(one[0], valid_loss, eps=1e-4); test_close(one[1], acc); test_close(one[2], f1)
+
+def test_get_preds_complete_and_in_order(two_replicas):
+    learn, res, reps = two_replicas
+    preds, targs = learn.get_preds()                         # one device, same weights
+    assert res['preds'].shape == preds.shape == (len(learn.dls.valid_ds), 10)
+    test_eq(res['targs'], targs)
+    test_close(res['preds'], preds, eps=1e-4)
+
+def sgd_steps(learn, epochs=1):
+    learn.fit(epochs, 0.1)
+    return None
+
+def test_two_replicas_of_32_step_like_one_device_of_64(tmp_path):
+    "Averaged gradients: 2 replicas x 32 items = one device x 64 items, same epoch order (MLP, no batch norm)."
+    two = Learner(indexed_digits_dls(32), indexed_mlp(), loss_func=CrossEntropyLossFlat(), opt_func=SGD)
+    set_seed(1); two.model = indexed_mlp(); w0 = {k: v.clone() for k, v in two.model.state_dict().items()}
+    two.launch(sgd_steps, nprocs=2, transport='gloo', dl_kwargs=dict(seed=7))
+    one = Learner(indexed_digits_dls(64), indexed_mlp(), loss_func=CrossEntropyLossFlat(), opt_func=SGD)
+    one.model.load_state_dict(w0)
+    one.to_xla(seed=7)
+    one.fit(1, 0.1)
+    for (k, a), b in zip(two.model.state_dict().items(), one.model.state_dict().values()):
+        test_close(a, to_host(b), eps=1e-4)
+
+def test_three_replicas_with_a_batch_of_padding_only(tmp_path):
+    "359 validation items over 3 replicas in batches of 119: replica 2 has 119 items, so its second batch is all padding."
+    learn = indexed_learner(bs=32, val_bs=119, n_valid=359)
+    assert len(learn.dls.valid_ds) == 359
+    learn.launch(train_and_report, str(tmp_path), epochs=1, nprocs=3, transport='gloo')
+    reps = reports(tmp_path)
+    valid = [sorted(i for e, p, ids in r['seen'] if p == 'valid' for i in ids) for r in reps]
+    assert sum(map(len, valid)) == 359 and len(set().union(*map(set, valid))) == 359
+    one = learn.validate()
+    test_close(one[0], reps[0]['values'][0][1], eps=1e-4); test_close(one[1], reps[0]['values'][0][2])
+    assert len({r['digest'] for r in reps}) == 1
+
+def with_callbacks(learn, out_dir):
+    learn.fit(2, 1e-2, cbs=[GradientAccumulation(n_acc=64), GradientClip(0.1),
+                            SaveModelCallback(monitor='accuracy', fname='best'), EarlyStoppingCallback(patience=3)])
+    learn.lr_find(num_it=20, show_plot=False)
+    Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(dict(digest=_params_digest(learn))))
+
+def test_callbacks_and_lr_find_keep_replicas_identical(tmp_path):
+    learn = indexed_learner(bs=32, path=tmp_path)
+    learn.launch(with_callbacks, str(tmp_path), nprocs=2, transport='gloo')
+    digests = [json.loads(p.read_text())['digest'] for p in sorted(tmp_path.glob('replica-*.json'))]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert (tmp_path/'models'/'best.pth').exists()
+
+def fails_on_replica_1(learn):
+    if replica_ordinal() == 1: raise ValueError('replica 1 breaks on purpose')
+    learn.fit(1)
+
+def test_a_failing_replica_stops_the_run_with_its_traceback():
+    learn = indexed_learner(bs=32)
+    with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo')
+    assert 'replica 1 breaks on purpose' in str(e.value) and 'error-1' in str(e.value)

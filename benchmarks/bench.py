@@ -114,7 +114,10 @@ def run_child(kind, model_name, epochs, timeout):
     except subprocess.TimeoutExpired: return dict(error=f'timed out after {timeout}s')
     for line in out.stdout.splitlines()[::-1]:
         if line.startswith('RESULT '): return json.loads(line[7:])
-    return dict(error=(out.stderr.strip().splitlines() or ['no output'])[-1][:80])
+    lines = out.stderr.strip().splitlines() or ['no output']
+    crash = [l for l in lines if 'LLVM compilation error' in l or 'out of memory' in l.lower()]
+    reason = 'XLA compiler crashed (LLVM compilation error)' if crash else lines[-1][-100:]
+    return dict(error=f'failed (exit {out.returncode}): {reason}')
 
 def summarize(res):
     if 'error' in res: return None

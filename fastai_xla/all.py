@@ -1,5 +1,6 @@
 "Everything a user needs: `from fastai_xla.all import *`."
 from .core import *
+from .pickling import *
 from .data import *
 from .callback import *
 from .distributed import *

@@ -16,7 +16,7 @@ from .core import *
 
 # %% auto #0
 __all__ = ['device_friendly_tfms', 'split_batch_tfms', 'n_batches', 'shard_idxs', 'background', 'XLADataLoader', 'trim_batch',
-           'apply_detach', 'digits_dls']
+           'apply_detach', 'DigitToImage', 'digits_dls']
 
 # %% ../nbs/02_data.ipynb #6b0e4093
 device_friendly_tfms = [IntToFloatTensor, Normalize]
@@ -184,18 +184,21 @@ def apply_detach(b):
     if isinstance(b, dict): return {k: apply_detach(v) for k,v in b.items()}
     return b
 
-# %% ../nbs/02_data.ipynb #519475ad
+# %% ../nbs/02_data.ipynb #032bac77
+from fastai.vision.core import TensorImage
+from fasttransform import Transform
+
+class DigitToImage(Transform):
+    "A digit's 8x8 array of intensities 0-16 as a 1x8x8 `TensorImage`."
+    def encodes(self, o): return TensorImage(torch.tensor(o))
+
 def digits_dls(bs:int=64, valid_pct:float=0.2, seed:int=42, num_workers:int=0, batch_tfms=None, **kwargs):
     "fastai `DataLoaders` of scikit-learn's digits as 1x8x8 `TensorImage`s (offline, for demos and tests)."
     from sklearn.datasets import load_digits
-    from fastai.vision.all import (Datasets, RandomSplitter, ItemGetter, TensorImage, TensorCategory,
-                                   Categorize, ToTensor, Transform)
+    from fastai.vision.all import Datasets, RandomSplitter, ItemGetter, Categorize
     X, y = load_digits(return_X_y=True)
     items = [(x.reshape(1,8,8).astype('uint8'), str(t)) for x,t in zip(X, y)]
-    class ToImage(Transform):
-        def encodes(self, o): return TensorImage(torch.tensor(o))
-        def decodes(self, o): return o
     splits = RandomSplitter(valid_pct, seed=seed)(items)
-    dsets = Datasets(items, [[ItemGetter(0), ToImage()], [ItemGetter(1), Categorize()]], splits=splits)
+    dsets = Datasets(items, [[ItemGetter(0), DigitToImage()], [ItemGetter(1), Categorize()]], splits=splits)
     if batch_tfms is None: batch_tfms = [IntToFloatTensor(div=16.), Normalize.from_stats(0.3, 0.35)]
     return dsets.dataloaders(bs=bs, num_workers=num_workers, after_batch=batch_tfms, **kwargs)

@@ -1,0 +1,73 @@
+"""The two ways to launch, each in a fresh process as a user would run it:
+
+- script form: `xmp.spawn(train)`; on this CPU-only machine torch_xla starts one replica (the
+  real xmp.spawn and XLA-transport code path, with one participant);
+- notebook form, `learn.launch(train)`, of a function defined in `__main__` (a script run
+  without any `if __name__ == '__main__'` guard), on 2 replicas over gloo (forked, and
+  spawned: the function then travels pickled by value), and over xmp.spawn (1 replica here);
+- the refusal when the launching process already started the XLA runtime."""
+import os, re, subprocess, sys, textwrap
+from pathlib import Path
+import pytest
+from helpers import *
+
+ROOT = Path(__file__).parent.parent
+
+def run_script(tmp_path, code, timeout=600):
+    script = tmp_path/'script.py'
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, 'PJRT_DEVICE': 'CPU'}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r.stdout
+
+def header_count(out): return len(re.findall(r'epoch\s+train_loss\s+valid_loss', out))
+
+def test_script_form_with_xmp_spawn(tmp_path):
+    out = run_script(tmp_path, '''
+        import torch_xla.distributed.xla_multiprocessing as xmp
+        from fastai_xla.all import *
+        from fastai.vision.all import *
+
+        def train(index):
+            learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
+            learn.to_tpu_distributed()
+            learn.fit(3, 1e-2)
+            if is_master(): print('FINAL', learn.recorder.values[-1][2], replica_count())
+
+        if __name__ == '__main__':
+            xmp.spawn(train)
+    ''')
+    assert header_count(out) == 1
+    acc, world = re.search(r'FINAL ([0-9.]+) (\d+)', out).groups()
+    assert float(acc) > 0.85 and world == '1'
+
+MAIN_LAUNCH = '''
+    from fastai_xla.all import *
+    from fastai.vision.all import *
+    learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
+
+    def train(learn, epochs):          # defined in __main__, no guard anywhere: cloudpickle carries it
+        learn.fit_one_cycle(epochs, 1e-2)
+        return replica_count()
+
+    world = learn.launch(train, 3, {launch_kwargs})
+    print('WORLD', world, 'ACC', learn.recorder.values[-1][2])
+    preds, targs = learn.get_preds()   # back in this process, on the CPU: the trained weights
+    print('CPU_ACC', (preds.argmax(1) == targs).float().mean().item())
+'''
+
+@pytest.mark.parametrize('launch_kwargs,world', [("nprocs=2, transport='gloo'", 2), ("nprocs=2, transport='gloo', start_method='spawn'", 2), ('', 1)],
+                         ids=['gloo-2-fork', 'gloo-2-spawn', 'xmp-1-fork'])
+def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
+    out = run_script(tmp_path, MAIN_LAUNCH.format(launch_kwargs=launch_kwargs))
+    assert header_count(out) == 1, out[-2000:]
+    w, acc = re.search(r'WORLD (\d+) ACC ([0-9.]+)', out).groups()
+    cpu_acc = float(re.search(r'CPU_ACC ([0-9.]+)', out).group(1))
+    assert int(w) == world and float(acc) > 0.85
+    assert abs(cpu_acc - float(acc)) < 1e-6           # the weights that came back give the same accuracy
+
+def test_launch_refuses_when_the_runtime_is_already_running():
+    learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))
+    with pytest.raises(RuntimeError, match='XLA runtime is already running in this process'):
+        learn.launch(lambda l: l.fit(1))             # this pytest process started XLA (see conftest.py)

@@ -23,7 +23,7 @@ from .data import *
 __all__ = ['move_model', 'rebind_optimizer', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host', 'gather_in_order', 'phase_items',
            'TPUCallback', 'StepBoundaryCallback', 'xla_dataloaders']
 
-# %% ../nbs/03_callback.ipynb #0c5d5c03
+# %% ../nbs/03_callback.ipynb #18b28c2b
 def move_model(model, device) -> dict:
     "Move `model` to `device`; return `{id(old parameter): new parameter}`."
     old = list(model.parameters())
@@ -47,6 +47,11 @@ def _state_to(state:dict, param) -> dict:
     return {k: (v.to(param.device) if isinstance(v, torch.Tensor) and v.shape == param.shape and v.device != param.device else v)
             for k, v in state.items()}
 
+def _param_groups(params):
+    "Parameter groups as fastai's `Optimizer` makes them: a list of groups, or one group."
+    params = L(params)
+    return [list(g) for g in params] if len(params) and isinstance(params[0], (L, list)) else [list(params)]
+
 def rebind_optimizer(opt, model, moved:dict, splitter=None):
     "Point `opt` at `model`'s parameters (found through `moved`, else by position in `splitter(model)`) and move its state to them."
     params = {id(p) for p in model.parameters()}
@@ -54,7 +59,7 @@ def rebind_optimizer(opt, model, moved:dict, splitter=None):
     new_lists = [[moved.get(id(p), p) for p in ps] for ps in lists]
     if not all(id(p) in params for ps in new_lists for p in ps):
         # the model was replaced or moved behind our back: match the parameters by position
-        groups = [list(g) for g in (splitter(model) if splitter else [model.parameters()])]
+        groups = _param_groups(splitter(model) if splitter else model.parameters())
         if [len(g) for g in groups] != [len(ps) for ps in lists] or any(
                 a.shape != b.shape for g, ps in zip(groups, lists) for a, b in zip(g, ps)):
             raise RuntimeError("The optimizer's parameters do not match the model's: was `learn.model` replaced "
@@ -265,7 +270,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #bd06c61c
+# %% ../nbs/03_callback.ipynb #e86b981d
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
     device = device or xla_device()
@@ -273,6 +278,7 @@ def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|Non
     res.loaders = [XLADataLoader(dl, device=device, rank=rank, world_size=world_size, seed=seed, **kwargs)
                    for dl in dls.loaders]
     res._device = device
+    res.cpu_dls = dls   # what `export` writes
     return res
 
 @patch

@@ -36,7 +36,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #b66fbd51
+# %% ../nbs/04_distributed.ipynb #b49f6f96
 def local_replica_count() -> int:
     "Replicas on this host (they share its CPUs)."
     if transport().name == 'gloo': return int(os.environ.get('LOCAL_WORLD_SIZE', replica_count()))
@@ -57,6 +57,7 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
     if num_workers is None:   # fastai keeps the real worker count on its inner torch loader
         num_workers = workers_per_replica(getattr(getattr(self.dls.train, 'fake_l', None), 'num_workers', 0))
     self.to_xla(device, rank=rank, world_size=world, seed=seed, num_workers=num_workers, **dl_kwargs)
+    self._fastai_xla_run = seed   # the same on every replica: tells this run's checkpoint counters from older ones
     if world > 1 and rank != 0:
         self.remove_cbs([cb for cb in self.cbs if isinstance(cb, ProgressCallback)])
         self.logger = noop

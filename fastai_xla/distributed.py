@@ -173,7 +173,7 @@ def _gloo_env(rank, world, port):
                 LOCAL_WORLD_SIZE=str(world), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
                 PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
 
-# %% ../nbs/04_distributed.ipynb #cf94986b
+# %% ../nbs/04_distributed.ipynb #5b95bb54
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
@@ -210,8 +210,8 @@ class _Forked:
         if self.p.exitcode is None: raise subprocess.TimeoutExpired('replica', timeout)
         return self.p.exitcode
 
-def _spawn_gloo(job_dir, nprocs, start_method):
-    "Start `nprocs` replica processes (forked, or fresh Python processes like `torchrun`'s); stop all if one fails."
+def _spawn_gloo(job_dir, nprocs, start_method, stop=None):
+    "Start `nprocs` replica processes (forked, or fresh Python processes like `torchrun`'s); stop all if one fails or `stop` is set."
     port = _free_port()
     if start_method == 'fork': procs = [_Forked(r, nprocs, port, str(job_dir)) for r in range(nprocs)]
     else:
@@ -221,11 +221,12 @@ def _spawn_gloo(job_dir, nprocs, start_method):
                                   env={**env, **_gloo_env(r, nprocs, port)}) for r in range(nprocs)]
     try:
         while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs): break
+            if any(p.poll() not in (None, 0) for p in procs) or (stop is not None and stop.is_set()): break
             time.sleep(0.1)
     finally:
         _stop(procs)
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+    if stop is not None and stop.is_set(): raise KeyboardInterrupt('replicas stopped')
     if failed:
         errors = sorted(Path(job_dir).glob('error-*.txt'))
         detail = '\n'.join(f'--- {e.stem}\n{e.read_text()}' for e in errors) or f'replica processes {failed} died'
@@ -243,7 +244,7 @@ def _stop(procs, grace:float=5.0):
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
     _run_replica(sys.argv[1])
 
-# %% ../nbs/04_distributed.ipynb #710c683e
+# %% ../nbs/04_distributed.ipynb #f265563a
 def _start_method(start_method:str) -> str:
     "`fork` where the platform has it and this process has not started XLA (nothing to pickle), else `spawn`."
     if start_method != 'auto': return start_method
@@ -269,23 +270,37 @@ def launch(self:Learner, train, *args, nprocs:int|None=None, transport:str='xla'
     if method == 'fork': _jobs[str(job_dir)] = job
     else: _write_job(job_dir, job)
     log, display, pos = _EventLog(job_dir/'events.jsonl'), _ProgressDisplay(), 0
-    failure = []
+    failure, stop = [], threading.Event()
     def run():
-        try: (_spawn_gloo if transport == 'gloo' else _spawn_xla)(job_dir, nprocs, method)
+        try:
+            if transport == 'gloo': _spawn_gloo(job_dir, nprocs, method, stop)
+            else: _spawn_xla(job_dir, nprocs, method)
         except BaseException as e: failure.append(e)
         finally: _jobs.pop(str(job_dir), None)
     runner = threading.Thread(target=run, name='fastai_xla-launch', daemon=True)
     runner.start()
-    while True:
-        alive = runner.is_alive()
-        events, pos = log.read_from(pos)
-        for e in events: display(*e)
-        if not alive: break
-        time.sleep(0.1)
+    try:
+        while True:
+            alive = runner.is_alive()
+            events, pos = log.read_from(pos)
+            for e in events: display(*e)
+            if not alive: break
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        _stop_replicas(stop, runner)
+        raise
     if failure: raise failure[0]
     result = torch.load(job_dir/'result.pth', weights_only=False)
     self._load_launch_result(result)
     return result['out']
+
+def _stop_replicas(stop, runner, timeout:float=30.):
+    "Interrupted (Ctrl-C in the notebook): stop every replica process, wait for the launcher thread."
+    stop.set()                                             # gloo: the watcher stops its processes
+    for p in multiprocessing.active_children():            # xmp.spawn: the process pool's workers
+        p.terminate()
+    runner.join(timeout)
+    for p in multiprocessing.active_children(): p.kill()
 
 @patch
 def _load_launch_result(self:Learner, result):

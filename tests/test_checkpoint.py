@@ -1,0 +1,74 @@
+"""Checkpoints, export and interruptions, with what each covers:
+
+- export: a learner trained on the CPU XLA device, exported, then opened and used for a
+  prediction in a fresh process whose site-packages lack torch_xla;
+- the save-on-master-only mistake with 2 real replicas (gloo): it neither hangs nor breaks
+  the later `load` on every replica;
+- Ctrl-C in the launching process during a 2-replica fit (gloo processes, forked): control
+  returns promptly and no replica process is left."""
+import os, re, signal, subprocess, sys, textwrap, time
+from pathlib import Path
+import pytest
+from helpers import *
+from test_device import site_without_torch_xla, ROOT
+
+def test_export_opens_where_torch_xla_is_not_installed(tmp_path, site_without_torch_xla):
+    learn = digits_learner(path=tmp_path).to_xla(seed=0)
+    learn.fit(2, 1e-2)
+    learn.export('model.pkl')
+    item = learn.dls.valid_ds.items[0]
+    expected = learn.predict(item)[0]
+    code = f'''
+        import sys; sys.path[:0] = [{str(site_without_torch_xla)!r}, {str(ROOT)!r}]
+        import importlib.util; assert importlib.util.find_spec('torch_xla') is None
+        from fastai.vision.all import load_learner
+        import numpy as np
+        learn = load_learner({str(tmp_path/'model.pkl')!r})
+        item = ({item[0].tolist()!r}, {item[1]!r})
+        print('PRED', learn.predict((np.array(item[0], dtype='uint8'), item[1]))[0])
+        print('TORCH_XLA_LOADED', 'torch_xla' in sys.modules)
+    '''
+    r = subprocess.run([sys.executable, '-S', '-c', textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f'PRED {expected}' in r.stdout and 'TORCH_XLA_LOADED False' in r.stdout
+
+def save_on_master_only(learn, out_dir):
+    learn.fit(1, 1e-2)
+    if is_master(): learn.save('by_master')        # the classic mistake: only ordinal 0 saves
+    learn.fit(1, 1e-2)
+    learn.load('by_master')                        # every replica loads it
+    Path(out_dir, f'digest-{replica_ordinal()}').write_text(str(sum(p.double().sum().item() for p in learn.model.parameters())))
+
+def test_save_on_the_master_only_neither_hangs_nor_breaks_load(tmp_path):
+    from test_replicas import indexed_learner
+    learn = indexed_learner(bs=32, path=tmp_path)
+    t = time.time()
+    learn.launch(save_on_master_only, str(tmp_path), nprocs=2, transport='gloo')
+    assert time.time() - t < 300
+    digests = [p.read_text() for p in sorted(tmp_path.glob('digest-*'))]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert (tmp_path/'models'/'by_master.pth').exists()
+
+def test_ctrl_c_during_a_launched_fit_leaves_no_process(tmp_path):
+    script = tmp_path/'interrupt.py'
+    script.write_text(textwrap.dedent('''
+        import os, signal, threading, time, multiprocessing
+        from fastai_xla.all import *
+        from fastai.vision.all import *
+        learn = Learner(digits_dls(bs=16), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
+        def train(learn):
+            Path('pids').mkdir(exist_ok=True); Path('pids', str(os.getpid())).touch()
+            learn.fit(1000)
+        threading.Timer(20, lambda: os.kill(os.getpid(), signal.SIGINT)).start()   # Ctrl-C after 20 s
+        t = time.time()
+        try: learn.launch(train, nprocs=2, transport='gloo')
+        except KeyboardInterrupt: print('INTERRUPTED after', round(time.time() - t), 's')
+        pids = [int(p.name) for p in Path('pids').iterdir()]
+        alive = [p for p in pids if os.path.exists(f'/proc/{p}') and 'Z' not in open(f'/proc/{p}/stat').read().split()[2]]
+        print('REPLICAS', len(pids), 'ALIVE', alive, 'CHILDREN', multiprocessing.active_children())
+    '''))
+    env = {**os.environ, 'PJRT_DEVICE': 'CPU'}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert 'INTERRUPTED after' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert int(re.search(r'INTERRUPTED after (\d+)', r.stdout).group(1)) < 60
+    assert 'REPLICAS 2 ALIVE [] CHILDREN []' in r.stdout, r.stdout[-2000:]

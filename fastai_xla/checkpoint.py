@@ -68,12 +68,19 @@ def _wait_for_master(learn, path, timeout=None):
                                f"(save number {want}); did the master replica stop, or call `save` fewer times?")
         time.sleep(0.05)
 
-# %% ../nbs/05_checkpoint.ipynb #6680183b
+# %% ../nbs/05_checkpoint.ipynb #39a65b60
+def _os_error(e):
+    "The `OSError` behind `e`, if any (torch's zip writer reports a full disk as a RuntimeError)."
+    while e is not None and not isinstance(e, OSError): e = e.__cause__ or e.__context__
+    return e
+
 def _write_checkpoint(state, file, pickle_protocol=2):
     try: return save_atomically(state, file, pickle_protocol)
-    except OSError as e:
-        raise OSError(e.errno, f"Could not write the checkpoint {file} ({e.strerror or e}); "
-                               f"any previous checkpoint there is untouched.") from e
+    except Exception as e:
+        os_err = _os_error(e)
+        if os_err is None: raise
+        raise OSError(os_err.errno, f"Could not write the checkpoint {file} ({os_err.strerror or os_err}); "
+                                    f"any previous checkpoint there is untouched.") from e
 
 def _read_checkpoint_error(file, e):
     if isinstance(e, FileNotFoundError):

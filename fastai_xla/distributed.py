@@ -244,7 +244,7 @@ def _stop(procs, grace:float=5.0):
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
     _run_replica(sys.argv[1])
 
-# %% ../nbs/04_distributed.ipynb #f265563a
+# %% ../nbs/04_distributed.ipynb #7fd49a59
 def _start_method(start_method:str) -> str:
     "`fork` where the platform has it and this process has not started XLA (nothing to pickle), else `spawn`."
     if start_method != 'auto': return start_method
@@ -279,16 +279,24 @@ def launch(self:Learner, train, *args, nprocs:int|None=None, transport:str='xla'
         finally: _jobs.pop(str(job_dir), None)
     runner = threading.Thread(target=run, name='fastai_xla-launch', daemon=True)
     runner.start()
+    grace, failed_at = float(os.environ.get('FASTAI_XLA_FAULT_GRACE', 10)), None
     try:
         while True:
             alive = runner.is_alive()
             events, pos = log.read_from(pos)
             for e in events: display(*e)
             if not alive: break
+            if failed_at is None and any(job_dir.glob('error-*.txt')): failed_at = time.time()
+            if failed_at is not None and time.time() - failed_at > grace:
+                _stop_replicas(stop, runner)   # the others may wait forever in a collective (torch_xla #7974)
             time.sleep(0.1)
     except KeyboardInterrupt:
         _stop_replicas(stop, runner)
         raise
+    errors = sorted(job_dir.glob('error-*.txt'))
+    if errors:
+        detail = '\n'.join(f'--- {e.stem}\n{e.read_text()}' for e in errors)
+        raise RuntimeError(f'{len(errors)} replica(s) failed:\n{detail}') from (failure[0] if failure else None)
     if failure: raise failure[0]
     result = torch.load(job_dir/'result.pth', weights_only=False)
     self._load_launch_result(result)

@@ -72,3 +72,22 @@ def test_ctrl_c_during_a_launched_fit_leaves_no_process(tmp_path):
     assert 'INTERRUPTED after' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     assert int(re.search(r'INTERRUPTED after (\d+)', r.stdout).group(1)) < 60
     assert 'REPLICAS 2 ALIVE [] CHILDREN []' in r.stdout, r.stdout[-2000:]
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    "A real 256 KiB file system (tmpfs), to fill up."
+    mnt = tmp_path/'tiny'; mnt.mkdir()
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs', str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0: pytest.skip(f'cannot mount a tmpfs here: {r.stderr.strip()}')
+    yield mnt
+    subprocess.run(['umount', str(mnt)])
+
+def test_full_disk_keeps_the_previous_checkpoint(tiny_disk):
+    small = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), path=tiny_disk).to_xla(seed=0)
+    small.fit(1)
+    f = small.save('ckpt')                                  # a few KiB: fits
+    good = f.read_bytes()
+    big = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 4096), nn.Linear(4096, 10)), path=tiny_disk).to_xla(seed=0)
+    with pytest.raises(OSError, match=r'Could not write the checkpoint .*ckpt.pth.*untouched'): big.save('ckpt')
+    assert f.read_bytes() == good                           # the previous checkpoint is intact
+    assert not list((tiny_disk/'models').glob('.*.tmp'))    # and no half-written file is left

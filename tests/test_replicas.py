@@ -143,11 +143,18 @@ def test_callbacks_and_lr_find_keep_replicas_identical(tmp_path):
     assert len(digests) == 2 and digests[0] == digests[1]
     assert (tmp_path/'models'/'best.pth').exists()
 
-def fails_on_replica_1(learn):
-    if replica_ordinal() == 1: raise ValueError('replica 1 breaks on purpose')
-    learn.fit(1)
+class BreakMidEpoch(Callback):
+    def after_batch(self):
+        if replica_ordinal() == 1 and self.epoch == 1 and self.iter == 5: raise ValueError('replica 1 breaks on purpose')
 
-def test_a_failing_replica_stops_the_run_with_its_traceback():
+def fails_on_replica_1(learn):
+    learn.fit(3, cbs=BreakMidEpoch())
+
+def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback():
+    "Replica 0 is then waiting for replica 1's gradients: it must be stopped, not left hanging."
+    import time
     learn = indexed_learner(bs=32)
+    t = time.time()
     with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo')
+    assert time.time() - t < 60
     assert 'replica 1 breaks on purpose' in str(e.value) and 'error-1' in str(e.value)

@@ -148,7 +148,7 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
 
 Learner.save.fastai_original, Learner.load.fastai_original, Learner.export.fastai_original = _fastai_save, _fastai_load, _fastai_export
 
-# %% ../nbs/05_checkpoint.ipynb #d78c1727
+# %% ../nbs/05_checkpoint.ipynb #ceabb381
 def _rng_states():
     import random, numpy as np
     import torch_xla.core.xla_model as xm
@@ -177,6 +177,7 @@ def save_resume(self:Learner, file, next_epoch:int):
 def load_resume(self:Learner, file) -> int:
     "Restore what `save_resume` wrote; return the epoch to pass as `start_epoch`."
     path = join_path_file(file, self.path/self.model_dir, ext='.pth')
+    if is_xla_learner(self) and not is_master(): _wait_for_master(self, path)
     try: state = torch.load(path, map_location='cpu', weights_only=False)
     except Exception as e: raise _read_checkpoint_error(path, e) from e
     if not isinstance(state, dict) or 'fastai_xla_resume' not in state:

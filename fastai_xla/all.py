@@ -5,3 +5,4 @@ from .data import *
 from .callback import *
 from .distributed import *
 from .checkpoint import *
+from .precision import *

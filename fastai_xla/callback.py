@@ -140,7 +140,7 @@ def phase_items(dl) -> int:
     if not isinstance(dl, XLADataLoader): return None
     return dl.dl.n if dl.pad else dl.n * dl.world_size
 
-# %% ../nbs/03_callback.ipynb #1972fb3a
+# %% ../nbs/03_callback.ipynb #11de98a6
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -149,6 +149,8 @@ class TPUCallback(Callback):
     def before_fit(self):
         self.device = self.device or xla_device()
         check_autograd(self.device)
+        from fastai_xla.precision import xla_precision_cbs
+        xla_precision_cbs(self.learn.cbs)   # refuses a CUDA MixedPrecision added after to_xla
         moved = move_model(self.model, self.device)
         if getattr(self.learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
@@ -270,7 +272,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #e86b981d
+# %% ../nbs/03_callback.ipynb #9a315365
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
     device = device or xla_device()
@@ -286,6 +288,10 @@ def to_xla(self:Learner, device=None, rank:int=0, world_size:int=1, seed:int|Non
     "Train this learner on one XLA device: wrap its `DataLoaders`, add `TPUCallback` and `StepBoundaryCallback`."
     device = device or xla_device()
     check_autograd(device)
+    from fastai_xla.precision import xla_precision_cbs   # fastai's CUDA mixed precision -> XLA's
+    precision = xla_precision_cbs([cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision'])
+    self.remove_cbs([cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision'])
+    self.add_cbs(precision)
     self.dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **dl_kwargs)
     for cb in (TPUCallback, StepBoundaryCallback):
         if not any(isinstance(c, cb) for c in self.cbs): self.add_cb(cb(device) if cb is TPUCallback else cb())

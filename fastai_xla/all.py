@@ -6,3 +6,4 @@ from .callback import *
 from .distributed import *
 from .checkpoint import *
 from .precision import *
+from .diagnostics import *

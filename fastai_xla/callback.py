@@ -272,7 +272,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #9a315365
+# %% ../nbs/03_callback.ipynb #edf2979c
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
     device = device or xla_device()
@@ -293,7 +293,8 @@ def to_xla(self:Learner, device=None, rank:int=0, world_size:int=1, seed:int|Non
     self.remove_cbs([cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision'])
     self.add_cbs(precision)
     self.dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **dl_kwargs)
-    for cb in (TPUCallback, StepBoundaryCallback):
+    from fastai_xla.diagnostics import XLADiagnostics
+    for cb in (TPUCallback, StepBoundaryCallback, XLADiagnostics):
         if not any(isinstance(c, cb) for c in self.cbs): self.add_cb(cb(device) if cb is TPUCallback else cb())
     moved = move_model(self.model, device)
     if getattr(self, 'opt', None) is not None: rebind_optimizer(self.opt, self.model, moved, self.splitter)

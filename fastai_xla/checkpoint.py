@@ -120,14 +120,14 @@ def save_atomically_text(text, path):
     tmp = Path(path).with_name(Path(path).name + f'.{os.getpid()}-{threading.get_ident()}.tmp')
     tmp.write_text(text); os.replace(tmp, path)
 
-# %% ../nbs/05_checkpoint.ipynb #3fb5eb74
+# %% ../nbs/05_checkpoint.ipynb #d7923765
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export for inference; an XLA learner is exported as the CPU learner it was before `to_xla`."
     if not is_xla_learner(self): return _fastai_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     step_boundary()
     if not is_master(): return
-    xla_cbs = [cb for cb in self.cbs if isinstance(cb, (TPUCallback, StepBoundaryCallback))]
+    xla_cbs = [cb for cb in self.cbs if type(cb).__module__.startswith('fastai_xla')]
     xla_model, xla_dls, rec = self.model, self.dls, getattr(self, 'recorder', None)
     smooth = rec.smooth_loss if rec is not None else None
     try:

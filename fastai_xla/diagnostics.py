@@ -12,7 +12,7 @@ from fastai.callback.core import Callback
 from .core import *
 
 # %% auto #0
-__all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics']
+__all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics', 'enable_compile_cache']
 
 # %% ../nbs/07_diagnostics.ipynb #ea75994d
 def fallback_counts() -> dict:
@@ -89,3 +89,18 @@ def xla_report(self:Learner):
     "Print what the XLA runtime did in each epoch of the last fits (fastai names the callback `learn.xla_diagnostics`)."
     diag = getattr(self, 'xla_diagnostics', None)
     for r in (diag.epochs if diag is not None else []): print(XLADiagnostics.format_row(r))
+
+# %% ../nbs/07_diagnostics.ipynb #f81f4884
+from pathlib import Path
+
+def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=False) -> Path:
+    "Keep compiled XLA graphs in `path/ordinal_<k>` across processes (call before anything compiles)."
+    txla = import_torch_xla()
+    import torch_xla.runtime as xr
+    if txla._XLAC._xla_computation_cache_is_initialized():
+        raise RuntimeError("The compilation cache must be enabled before anything is compiled in this process: call "
+                           "`enable_compile_cache` first in the replica, or pass `compile_cache=` to `to_tpu_distributed`.")
+    path = Path(path).expanduser()/f'ordinal_{replica_ordinal()}'
+    path.mkdir(parents=True, exist_ok=True)
+    xr.initialize_cache(str(path), readonly=readonly)
+    return path

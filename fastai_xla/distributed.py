@@ -36,7 +36,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #b49f6f96
+# %% ../nbs/04_distributed.ipynb #70264b85
 def local_replica_count() -> int:
     "Replicas on this host (they share its CPUs)."
     if transport().name == 'gloo': return int(os.environ.get('LOCAL_WORLD_SIZE', replica_count()))
@@ -49,8 +49,11 @@ def workers_per_replica(num_workers:int) -> int:
     return max(1, min(num_workers, (os.cpu_count() or 1) // max(1, local_replica_count())))
 
 @patch
-def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=None, **dl_kwargs):
+def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=None, compile_cache=None, **dl_kwargs):
     "Make this learner the local replica of a run over all XLA devices (call it in every replica)."
+    if compile_cache:
+        from fastai_xla.diagnostics import enable_compile_cache
+        enable_compile_cache(compile_cache)
     device = xla_device()
     world, rank = replica_count(), replica_ordinal()
     seed = broadcast_object(random.randint(0, 2**31) if seed is None else seed, tag='fastai_xla seed')

@@ -2,9 +2,13 @@
 
     PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 3] [--naive-epochs 2] [--models mlp]
 
-Each row runs in its own process (a crash or an out-of-memory compiler in the naive row
+Models: `mlp` (64-128-10 on the 64 pixels), `cnn` (3 conv layers on digits as 1x8x8
+uint8 TensorImages with fastai batch transforms), `tabular` (fastai's TabularModel with 8
+embeddings and 56 continuous columns). Each row runs in its own process (a crash or an out-of-memory compiler in the naive row
 cannot take the others down) on the same data, model, batch size and optimizer:
-- `reference`: ../shared/repro/raw_torch_xla_loop.py's loop (MpDeviceLoader, torch Adam);
+- `reference`: ../shared/repro/raw_torch_xla_loop.py's loop (MpDeviceLoader, torch Adam), with
+  the same model and the same items, split and preprocessing as the fastai rows (for the
+  CNN it also does fastai's batch transforms, IntToFloatTensor and Normalize, on the device);
 - `fastai_xla`: a fastai Learner with `to_tpu_distributed()`, torch Adam through OptimWrapper;
 - `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
 Epoch time is the median over the epochs after the first (compilation happens in the first),
@@ -13,7 +17,7 @@ a slow spell of this shared machine hits both. The ratio divides by the referenc
 in the same invocation."""
 import argparse, json, os, statistics, subprocess, sys, time
 
-MODELS = ['mlp', 'cnn']
+MODELS = ['mlp', 'cnn', 'tabular']
 
 def digits_tensors():
     import torch
@@ -28,9 +32,53 @@ def make_model(name):
     if name == 'mlp': return nn.Sequential(nn.Linear(64,128), nn.ReLU(), nn.Linear(128,10))
     if name == 'cnn':   # digits as 1x8x8 images
         conv = lambda ni, nf: nn.Sequential(nn.Conv2d(ni, nf, 3, padding=1), nn.BatchNorm2d(nf), nn.ReLU())
-        return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), conv(1, 64), conv(64, 128), nn.MaxPool2d(2),
+        return nn.Sequential(conv(1, 64), conv(64, 128), nn.MaxPool2d(2),
                              conv(128, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    if name == 'tabular':
+        from fastai.tabular.model import TabularModel
+        import torch; torch.manual_seed(0)
+        return TabularModel(TAB_EMB_SZS, n_cont=56, out_sz=10, layers=[200, 100])
     raise ValueError(name)
+
+# --- the data of each model, as fastai DataLoaders (fastai_xla, naive) and as tensors (reference), same split
+TAB_CATS = [f'p{i}' for i in range(32, 40)]          # the 8 pixels of the middle row, as categories
+TAB_EMB_SZS = [(18, 8)] * 8                          # 17 values (0-16) + fastai's #na#
+
+def image_dls():
+    from fastai_xla.data import digits_dls
+    return digits_dls(bs=64, seed=42)                # uint8 TensorImages; IntToFloatTensor(div=16) + Normalize batch transforms
+
+def tabular_dls():
+    import pandas as pd
+    from sklearn.datasets import load_digits
+    from fastai.tabular.all import TabularPandas, Categorify, Normalize, CategoryBlock, RandomSplitter, range_of
+    X, y = load_digits(return_X_y=True)
+    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)]); df['digit'] = y.astype(str)
+    for c in TAB_CATS: df[c] = pd.Categorical(df[c].astype(int), categories=range(17))
+    conts = [c for c in df.columns if c.startswith('p') and c not in TAB_CATS]
+    to = TabularPandas(df, procs=[Categorify, Normalize], cat_names=TAB_CATS, cont_names=conts, y_names='digit',
+                       y_block=CategoryBlock(), splits=RandomSplitter(0.2, seed=42)(range_of(df)))
+    return to.dataloaders(bs=64, num_workers=0)
+
+def reference_tensors(model_name):
+    "The reference loop's train and validation tensors: the same items, split and preprocessing as the fastai rows."
+    import torch
+    if model_name == 'mlp':
+        Xt, yt, Xv, yv = digits_tensors(); return (Xt,), yt, (Xv,), yv
+    if model_name == 'cnn':
+        dls = image_dls()
+        plain = lambda ts: torch.stack(ts).as_subclass(torch.Tensor)      # a hand-written loop has plain tensors
+        def grab(ds): return plain([ds[i][0] for i in range(len(ds))]), plain([ds[i][1] for i in range(len(ds))])
+        (Xt, yt), (Xv, yv) = grab(dls.train_ds), grab(dls.valid_ds)   # uint8: the loop does the batch transforms itself
+        return (Xt,), yt, (Xv,), yv
+    if model_name == 'tabular':
+        dls = tabular_dls()
+        def grab(dl): 
+            xs = dl.dataset.xs
+            return torch.tensor(xs[TAB_CATS].values, dtype=torch.long), torch.tensor(xs.drop(columns=TAB_CATS).values, dtype=torch.float32), torch.tensor(dl.dataset.ys.values.ravel(), dtype=torch.long)
+        ct, xt, yt = grab(dls.train); cv, xv, yv = grab(dls.valid)
+        return (ct, xt), yt, (cv, xv), yv
+    raise ValueError(model_name)
 
 def counters():
     import torch_xla.debug.metrics as met
@@ -38,25 +86,27 @@ def counters():
     return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
 
 def run_reference(model_name, epochs):
-    "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch."
+    "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch (for images it also does the batch transforms, on the device)."
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
-    Xt, yt, Xv, yv = digits_tensors(); torch.manual_seed(0)
+    xt, yt, xv, yv = reference_tensors(model_name); torch.manual_seed(0)
     d = torch_xla.device()
     model = make_model(model_name).to(d)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    tr = torch.utils.data.TensorDataset(Xt, yt); va = torch.utils.data.TensorDataset(Xv, yv)
+    tr = torch.utils.data.TensorDataset(*xt, yt); va = torch.utils.data.TensorDataset(*xv, yv)
     trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=64, shuffle=True, drop_last=True), d)
     val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=64, drop_last=False), d)
+    mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
+    def prep(xs): return ((xs[0].float() / 16. - mean) / std,) if model_name == 'cnn' else xs
     times, per_epoch, acc = [], [], None
     for ep in range(epochs):
         c0 = counters(); t = time.perf_counter(); model.train()
-        for xb, yb in trl:
-            loss = torch.nn.functional.cross_entropy(model(xb), yb); loss.backward(); opt.step(); opt.zero_grad()
+        for *xs, yb in trl:
+            loss = torch.nn.functional.cross_entropy(model(*prep(xs)), yb); loss.backward(); opt.step(); opt.zero_grad()
         model.eval(); correct = torch.zeros((), device=d); tot = 0
         with torch.no_grad():
-            for xb, yb in val:
-                correct += (model(xb).argmax(1)==yb).sum(); tot += len(yb)
+            for *xs, yb in val:
+                correct += (model(*prep(xs)).argmax(1)==yb).sum(); tot += len(yb)
         acc = correct.item()/tot; _ = loss.item()
         times.append(time.perf_counter() - t); per_epoch.append({k: v - c0[k] for k, v in counters().items()})
     return dict(times=times, per_epoch=per_epoch, accuracy=acc)
@@ -67,9 +117,12 @@ def _fastai_learner(model_name):
     from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, accuracy, OptimWrapper
     from fastai.data.load import DataLoader
     import fastai.callback.progress  # Learner.no_bar
-    Xt, yt, Xv, yv = digits_tensors(); torch.manual_seed(0)
-    dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=64, shuffle=True, drop_last=True),
-                      DataLoader(list(zip(Xv, yv)), bs=64))
+    if model_name == 'mlp':
+        Xt, yt, Xv, yv = digits_tensors()
+        dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=64, shuffle=True, drop_last=True),
+                          DataLoader(list(zip(Xv, yv)), bs=64))
+    else: dls = image_dls() if model_name == 'cnn' else tabular_dls()
+    torch.manual_seed(0)
     return Learner(dls, make_model(model_name), loss_func=CrossEntropyLossFlat(), metrics=accuracy,
                    opt_func=partial(OptimWrapper, opt=torch.optim.Adam))
 

@@ -21,7 +21,7 @@ from .data import *
 
 # %% auto #0
 __all__ = ['move_model', 'rebind_optimizer', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host', 'gather_in_order', 'phase_items',
-           'TPUCallback', 'StepBoundaryCallback', 'xla_dataloaders']
+           'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders']
 
 # %% ../nbs/03_callback.ipynb #18b28c2b
 def move_model(model, device) -> dict:
@@ -140,7 +140,7 @@ def phase_items(dl) -> int:
     if not isinstance(dl, XLADataLoader): return None
     return dl.dl.n if dl.pad else dl.n * dl.world_size
 
-# %% ../nbs/03_callback.ipynb #11de98a6
+# %% ../nbs/03_callback.ipynb #a70019f5
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -156,6 +156,8 @@ class TPUCallback(Callback):
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
         if replica_count() > 1:   # every replica starts from the master's weights
             with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()))
+        if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):
+            self.learn.add_cb(RestoreAfterLRFind(self.model, self.opt))
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
             rec.smooth_loss = DeviceSmoothLoss(beta=rec.smooth_loss.beta)
@@ -244,7 +246,20 @@ class TPUCallback(Callback):
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None: fetch_to_host([(rec, 'losses'), (self.learn, 'smooth_loss')])
 
-# %% ../nbs/03_callback.ipynb #1c245189
+# %% ../nbs/03_callback.ipynb #4b324f18
+class RestoreAfterLRFind(Callback):
+    "Put every replica's weights and optimizer state back as they were before `lr_find` (several replicas)."
+    order = LRFinder.order + 2
+    def __init__(self, model, opt):
+        self.state = to_host({'model': model.state_dict(), 'opt': opt.state_dict() if opt is not None else None})
+    def after_fit(self):
+        self.learn.model.load_state_dict(self.state['model'])
+        if self.state['opt'] is not None and self.learn.opt is not None:
+            self.learn.opt.load_state_dict(self.state['opt'])
+            rebind_optimizer(self.learn.opt, self.learn.model, {}, self.learn.splitter)
+        self.learn.remove_cb(self)
+
+# %% ../nbs/03_callback.ipynb #487dc8cf
 class StepBoundaryCallback(Callback):
     "Cut the XLA graph at the end of each batch; show the loss without waiting for the device."
     order, run_valid = 55, True
@@ -258,6 +273,9 @@ class StepBoundaryCallback(Callback):
 
     def after_batch(self):
         loss = getattr(self.learn, 'smooth_loss', None)
+        if self.training and self.exact and isinstance(loss, torch.Tensor) and replica_count() > 1:
+            # LRFinder stops on this value: every replica must see the same one, or one stops while the others wait
+            all_reduce_mean_([loss])
         if self.training and not self.exact and isinstance(loss, torch.Tensor) and is_xla(loss):
             # keep the device value alive on every step, refreshed or not, so every step is the same graph
             self.device_loss = loss

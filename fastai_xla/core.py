@@ -156,7 +156,7 @@ def to_host(b):
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 
-# %% ../nbs/00_core.ipynb #d6389aca
+# %% ../nbs/00_core.ipynb #3f219711
 import pickle
 
 class XLATransport:
@@ -187,9 +187,14 @@ class GlooTransport:
     "Cross-replica traffic through `torch.distributed` (gloo) between processes, via host memory."
     name = 'gloo'
     def _dist(self):
-        import torch.distributed as dist
+        import torch.distributed as dist, datetime
         if not dist.is_initialized():
-            dist.init_process_group('gloo', timeout=__import__('datetime').timedelta(seconds=float(os.environ.get('FASTAI_XLA_TIMEOUT', 300))))
+            # our own variable names: `RANK`/`WORLD_SIZE` would switch on fastai's distributed helpers (barriers in
+            # `load`, rank checks in `save`), which are off under xmp.spawn; the replicas must behave as they do there
+            env = os.environ
+            dist.init_process_group('gloo', init_method=f"tcp://{env['FASTAI_XLA_MASTER_ADDR']}:{env['FASTAI_XLA_MASTER_PORT']}",
+                                    rank=int(env['FASTAI_XLA_RANK']), world_size=int(env['FASTAI_XLA_WORLD_SIZE']),
+                                    timeout=datetime.timedelta(seconds=float(env.get('FASTAI_XLA_TIMEOUT', 300))))
         return dist
     def ordinal(self): return self._dist().get_rank()
     def count(self): return self._dist().get_world_size()

@@ -36,17 +36,18 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #70264b85
+# %% ../nbs/04_distributed.ipynb #ae1278f0
 def local_replica_count() -> int:
     "Replicas on this host (they share its CPUs)."
-    if transport().name == 'gloo': return int(os.environ.get('LOCAL_WORLD_SIZE', replica_count()))
+    if transport().name == 'gloo': return int(os.environ.get('FASTAI_XLA_LOCAL_WORLD_SIZE', replica_count()))
     import torch_xla.runtime as xr
     return xr.local_process_count() * xr.addressable_runtime_device_count()
 
-def workers_per_replica(num_workers:int) -> int:
+def workers_per_replica(num_workers:int, local_replicas:int|None=None, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
-    return max(1, min(num_workers, (os.cpu_count() or 1) // max(1, local_replica_count())))
+    local_replicas = local_replicas or local_replica_count()
+    return max(1, min(num_workers, (cpus or os.cpu_count() or 1) // max(1, local_replicas)))
 
 @patch
 def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=None, compile_cache=None, **dl_kwargs):
@@ -127,7 +128,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04_distributed.ipynb #141f9181
+# %% ../nbs/04_distributed.ipynb #aa4475c1
 def _recorder_history(learn):
     rec = learn.recorder
     return dict(values=[list(v) for v in rec.values], losses=[float(l) for l in to_host(list(rec.losses))],
@@ -167,13 +168,13 @@ def _picklable(o):
 
 def _safe_ordinal():
     try: return replica_ordinal()
-    except Exception: return os.environ.get('RANK', '?')
+    except Exception: return os.environ.get('FASTAI_XLA_RANK', '?')
 
 def _xla_entry(index, job_dir): _run_replica(job_dir)
 
 def _gloo_env(rank, world, port):
-    return dict(FASTAI_XLA_TRANSPORT='gloo', RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
+    return dict(FASTAI_XLA_TRANSPORT='gloo', FASTAI_XLA_RANK=str(rank), FASTAI_XLA_WORLD_SIZE=str(world),
+                FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port),
                 PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
 
 # %% ../nbs/04_distributed.ipynb #5b95bb54

@@ -48,7 +48,7 @@ MAIN_LAUNCH = '''
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
 
     def train(learn, epochs):          # defined in __main__, no guard anywhere: cloudpickle carries it
-        learn.fit_one_cycle(epochs, 1e-2)
+        learn.fit_one_cycle(epochs, 1e-2, cbs=SaveModelCallback(monitor='accuracy', fname='best'))
         return replica_count()
 
     world = learn.launch(train, 3, {launch_kwargs})
@@ -65,6 +65,7 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
     w, acc = re.search(r'WORLD (\d+) ACC ([0-9.]+)', out).groups()
     cpu_acc = float(re.search(r'CPU_ACC ([0-9.]+)', out).group(1))
     assert int(w) == world and float(acc) > 0.85
+    assert out.count('Better model found at epoch 0 ') == 1      # a callback's message, printed once (by the master)
     assert abs(cpu_acc - float(acc)) < 1e-6           # the weights that came back give the same accuracy
 
 def test_launch_refuses_when_the_runtime_is_already_running():

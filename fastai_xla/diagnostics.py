@@ -14,7 +14,7 @@ from .core import *
 # %% auto #0
 __all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics', 'enable_compile_cache']
 
-# %% ../nbs/07_diagnostics.ipynb #ea75994d
+# %% ../nbs/07_diagnostics.ipynb #e23560a3
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     import_torch_xla()
@@ -44,7 +44,9 @@ class XLADiagnostics(Callback):
         self.batches += 1
 
     def after_epoch(self):
+        if getattr(self, 'c0', None) is None: return   # an epoch skipped before it started (`start_epoch`)
         d = counters_diff(xla_counters(), self.c0)
+        self.c0 = None
         falls = {k: v - self.f0.get(k, 0) for k, v in fallback_counts().items() if v > self.f0.get(k, 0)}
         row = dict(epoch=self.epoch, batches=self.batches, **d, fallbacks=falls)
         self.epochs.append(row)

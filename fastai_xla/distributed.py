@@ -177,7 +177,7 @@ def _gloo_env(rank, world, port):
                 FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port),
                 PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
 
-# %% ../nbs/04_distributed.ipynb #5b95bb54
+# %% ../nbs/04_distributed.ipynb #3961401e
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
@@ -186,12 +186,15 @@ def _runtime_started() -> bool:
     xla = sys.modules.get('torch_xla')
     return xla is not None and xla._XLAC._xla_runtime_is_initialized()
 
-def _spawn_xla(job_dir, nprocs, start_method):
+def _refuse_if_runtime_started():
     if _runtime_started():
         raise RuntimeError("The XLA runtime is already running in this process (an XLA device or tensor was used "
                            "here, e.g. by `xla_device()` or `to_tpu_distributed()`), and torch_xla cannot start "
                            "replicas from such a process. Restart the kernel, build the learner on the CPU and call "
                            "`learn.launch(...)` before using XLA in this process.")
+
+def _spawn_xla(job_dir, nprocs, start_method):
+    _refuse_if_runtime_started()
     import torch_xla.distributed.xla_multiprocessing as xmp
     xmp.spawn(_xla_entry, args=(str(job_dir),), nprocs=nprocs, start_method=start_method)
 
@@ -248,7 +251,7 @@ def _stop(procs, grace:float=5.0):
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
     _run_replica(sys.argv[1])
 
-# %% ../nbs/04_distributed.ipynb #7fd49a59
+# %% ../nbs/04_distributed.ipynb #412b0804
 def _start_method(start_method:str) -> str:
     "`fork` where the platform has it and this process has not started XLA (nothing to pickle), else `spawn`."
     if start_method != 'auto': return start_method
@@ -267,7 +270,7 @@ def launch(self:Learner, train, *args, nprocs:int|None=None, transport:str='xla'
     "Run `train(learn, *args, **kwargs)` on every replica; bring the trained weights and `Recorder` history back into `self`."
     if transport not in ('xla', 'gloo'): raise ValueError(f"transport must be 'xla' or 'gloo', not {transport!r}")
     if transport == 'gloo' and not nprocs: raise ValueError("transport='gloo' needs nprocs, the number of replica processes")
-    if transport == 'xla' and _runtime_started(): _spawn_xla(None, None, None)   # raises the explanation
+    if transport == 'xla': _refuse_if_runtime_started()
     method = _start_method(start_method)
     job_dir = Path(tempfile.mkdtemp(prefix='fastai_xla-'))
     job = (self, train, args, kwargs, dl_kwargs or {})

@@ -7,3 +7,4 @@ from .distributed import *
 from .checkpoint import *
 from .precision import *
 from .diagnostics import *
+from .spmd import *

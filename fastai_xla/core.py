@@ -101,12 +101,15 @@ def check_autograd(device=None):
             "training anything on the CPU.") from None
     _autograd_ok.add(str(device))
 
-# %% ../nbs/00_core.ipynb #0c5f2075
+# %% ../nbs/00_core.ipynb #e2c0b95d
+import gc
+
 def step_boundary():
     "End the lazy graph of this step and start running it, without waiting for the result."
+    gc.collect(1)            # cyclic garbage holding device tensors would become graph outputs
     import_torch_xla().sync()
 
-# %% ../nbs/00_core.ipynb #eebf7d5b
+# %% ../nbs/00_core.ipynb #d2cf7dee
 def _leaves(o, found):
     "Collect the tensors in a nested structure of tuples, lists and dicts."
     if isinstance(o, torch.Tensor): found.append(o)
@@ -134,15 +137,17 @@ def _like(new:torch.Tensor, old:torch.Tensor) -> torch.Tensor:
 
 def _plain(t): return t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t
 
-def to_xla(b, device=None):
+def to_xla(b, device=None, sharding=None):
     "Copy every CPU tensor in the nested batch `b` to the XLA `device` in one transfer, keeping types."
+    # `sharding(t)`: how an SPMD mesh splits `t` across its devices (None: every device holds all of it)
     txla = import_torch_xla()
     device = device or xla_device()
     tensors = _leaves(b, [])
     todo = [i for i,t in enumerate(tensors) if not is_xla(t)]
     if todo:
-        moved = txla._XLAC._xla_tensors_from_aten([_plain(tensors[i]).contiguous() for i in todo],
-                                                 [str(device)]*len(todo), None)
+        plain = [_plain(tensors[i]).contiguous() for i in todo]
+        specs = [sharding(t) for t in plain] if sharding is not None else None
+        moved = txla._XLAC._xla_tensors_from_aten(plain, [str(device)]*len(todo), specs)
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 

@@ -79,7 +79,7 @@ def background(batches, convert, size:int=2):
         stop.set()
         thread.join(timeout=10)
 
-# %% ../nbs/02_data.ipynb #cb120318
+# %% ../nbs/02_data.ipynb #f9e7a75a
 class _ConstantIdxs:
     "A picklable `get_idxs` that returns fixed indices."
     def __init__(self, idxs): self.idxs = idxs
@@ -93,13 +93,13 @@ class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
     def __init__(self, dl, device=None, rank:int=0, world_size:int=1, seed:int|None=None,
-                 batch_tfms_on:str='auto', prefetch:int=2, num_workers:int|None=None):
+                 batch_tfms_on:str='auto', prefetch:int=2, num_workers:int|None=None, sharding=None):
         if isinstance(dl, XLADataLoader): dl = dl.dl
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
                              f"(got bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}).")
         if seed is None: seed = random.randint(0, 2**31)
-        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers')
+        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding')
         self.device = device or xla_device()
         self.epoch, self.pad = 0, not dl.drop_last
         cpu_fs, dev_fs = split_batch_tfms(getattr(dl, 'after_batch', None), batch_tfms_on)
@@ -140,11 +140,19 @@ class XLADataLoader(GetAttr):
         idxs, _ = shard_idxs(self.epoch_order(), self.bs, self.rank, self.world_size, self.pad)
         self.epoch += 1
         for b in background(self._cpu_loader(idxs), self._to_device, self.prefetch):
-            yield self.device_tfms(b) if self.device_tfms is not None else b
+            yield self._apply_device_tfms(b) if self.device_tfms is not None else b
+
+    def _apply_device_tfms(self, b):
+        "Run the device transforms, keeping each stage's output alive until the next batch (see below)."
+        self._stages = []
+        for f in self.device_tfms.fs:
+            b = f(b, split_idx=self.device_tfms.split_idx)
+            self._stages.append(b)
+        return b
 
     def _to_device(self, b):
         if isinstance(b, list): b = tuple(b)
-        return to_xla(b, self.device)
+        return to_xla(b, self.device, self.sharding)
 
     def to(self, device): self.device = device
     def to_detach(self, b, cpu=True, gather=True):
@@ -156,7 +164,7 @@ class XLADataLoader(GetAttr):
         kwargs.pop('device', None)
         return XLADataLoader(self.dl.new(dataset, cls, **kwargs), device=self.device, rank=self.rank,
                              world_size=self.world_size, seed=self.seed, batch_tfms_on=self.batch_tfms_on,
-                             prefetch=self.prefetch, num_workers=self.num_workers)
+                             prefetch=self.prefetch, num_workers=self.num_workers, sharding=self.sharding)
 
     def one_batch(self):
         "The first batch of this replica, on the device, without padding rows."

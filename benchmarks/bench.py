@@ -1,6 +1,6 @@
 """Speed of fastai_xla against the hand-written torch_xla loop and naive fastai on XLA.
 
-    PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 3] [--naive-epochs 2] [--models mlp]
+    PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 3] [--naive-epochs 2] [--models mlp] [--spmd-devices 8]
 
 Models: `mlp` (64-128-10 on the 64 pixels), `cnn` (3 conv layers on digits as 1x8x8
 uint8 TensorImages with fastai batch transforms), `tabular` (fastai's TabularModel with 8
@@ -11,6 +11,11 @@ cannot take the others down) on the same data, model, batch size and optimizer:
   CNN it also does fastai's batch transforms, IntToFloatTensor and Normalize, on the device);
 - `fastai_xla`: a fastai Learner with `to_tpu_distributed()`, torch Adam through OptimWrapper;
 - `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
+- `reference_spmd` and `fastai_xla_spmd` (with `--spmd-devices N`, default 8): the same on
+  one process over N simulated XLA CPU devices (`CPU_NUM_DEVICES=N`), SPMD: the reference
+  loop feeds MpDeviceLoader an `input_sharding` on a one-axis mesh (repro/spmd_cpu_8dev.py
+  with the loader of raw_torch_xla_loop.py); fastai_xla is `to_tpu_spmd()`. Their ratio
+  divides by the SPMD reference.
 Epoch time is the median over the epochs after the first (compilation happens in the first),
 then the median over `--repeats` runs; the reference and fastai_xla runs alternate, so that
 a slow spell of this shared machine hits both. The ratio divides by the reference measured
@@ -85,17 +90,23 @@ def counters():
     get = lambda k: (met.metric_data(k) or [0])[0]
     return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
 
-def run_reference(model_name, epochs):
+def run_reference(model_name, epochs, spmd=False):
     "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch (for images it also does the batch transforms, on the device)."
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
+    input_sharding = None
     xt, yt, xv, yv = reference_tensors(model_name); torch.manual_seed(0)
+    if spmd:                     # repro/spmd_cpu_8dev.py: one mesh axis; the loader splits the inputs' rows over it
+        import numpy as np, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
+        xr.use_spmd(); n = xr.global_runtime_device_count()
+        mesh = xs.Mesh(np.arange(n), (n,), ('data',))
+        input_sharding = xs.ShardingSpec(mesh, ('data',) + (None,) * (xt[0].ndim - 1))
     d = torch_xla.device()
     model = make_model(model_name).to(d)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     tr = torch.utils.data.TensorDataset(*xt, yt); va = torch.utils.data.TensorDataset(*xv, yv)
-    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=64, shuffle=True, drop_last=True), d)
-    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=64, drop_last=False), d)
+    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=64, shuffle=True, drop_last=True), d, input_sharding=input_sharding)
+    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=64, drop_last=True if spmd else False), d, input_sharding=input_sharding)
     mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
     def prep(xs): return ((xs[0].float() / 16. - mean) / std,) if model_name == 'cnn' else xs
     times, per_epoch, acc = [], [], None
@@ -140,10 +151,12 @@ class _Timer:
                 timer.per_epoch.append({k: v - self.c0[k] for k, v in counters().items()})
         return EpochTimer()
 
-def run_fastai_xla(model_name, epochs):
+def run_fastai_xla(model_name, epochs, spmd=False):
     from fastai_xla.all import xla_device
-    xla_device()
-    learn = _fastai_learner(model_name).to_tpu_distributed()
+    if spmd: learn = _fastai_learner(model_name).to_tpu_spmd()
+    else:
+        xla_device()
+        learn = _fastai_learner(model_name).to_tpu_distributed()
     timer = _Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
@@ -158,11 +171,13 @@ def run_naive(model_name, epochs):
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
 
-RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive)
+RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive,
+               reference_spmd=lambda m, e: run_reference(m, e, spmd=True), fastai_xla_spmd=lambda m, e: run_fastai_xla(m, e, spmd=True))
 
-def run_child(kind, model_name, epochs, timeout):
+def run_child(kind, model_name, epochs, timeout, devices=None):
     cmd = [sys.executable, __file__, '--child', kind, model_name, str(epochs)]
     env = dict(os.environ, PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
+    if devices: env['CPU_NUM_DEVICES'] = str(devices)
     try: out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired: return dict(error=f'timed out after {timeout}s')
     for line in out.stdout.splitlines()[::-1]:
@@ -192,6 +207,7 @@ def main():
     p.add_argument('--naive-epochs', type=int, default=2)
     p.add_argument('--models', default=','.join(MODELS))
     p.add_argument('--timeout', type=int, default=900)
+    p.add_argument('--spmd-devices', type=int, default=8, help='simulated devices of the SPMD rows (0: no SPMD rows)')
     p.add_argument('--child', nargs=3)
     a = p.parse_args()
     if a.child:
@@ -204,11 +220,16 @@ def main():
         for _ in range(a.repeats):
             for kind in runs: runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
         runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
+        if a.spmd_devices:
+            runs['reference_spmd'], runs['fastai_xla_spmd'] = [], []
+            for _ in range(a.repeats):
+                for kind in ('reference_spmd', 'fastai_xla_spmd'):
+                    runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout, a.spmd_devices))
         summaries = {k: [s for s in map(summarize, v) if s] for k, v in runs.items()}
-        ref = combine(summaries['reference'])
+        refs = {False: combine(summaries['reference']), True: combine(summaries.get('reference_spmd', []))}
         for kind, ss in summaries.items():
             if not ss: rows.append((model_name, kind, runs[kind][0].get('error', 'failed'))); continue
-            s = combine(ss)
+            s, ref = combine(ss), refs[kind.endswith('_spmd')]
             ratio = s['epoch_s'] / ref['epoch_s'] if ref else float('nan')
             rows.append((model_name, kind, f"{s['epoch_s']:.4f}", f'{ratio:.2f}', s['compiles'], s['compiles_after_1'],
                          f"{s['to_host_per_epoch']:g}", f"{s['accuracy']:.4f}", len(ss)))

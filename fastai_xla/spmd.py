@@ -75,7 +75,7 @@ def shard_parameters(model, mesh, axis:str='data') -> int:
             count += 1
     return count
 
-# %% ../nbs/08_spmd.ipynb #71c8d3b5
+# %% ../nbs/08_spmd.ipynb #09453d5c
 def _check_batch_sizes(dls, n:int, axis:str):
     for i, dl in enumerate(dls.loaders):
         if dl.bs % n:
@@ -85,10 +85,20 @@ def _check_batch_sizes(dls, n:int, axis:str):
                              f"mesh's {axis!r} axis. In SPMD the batch size is the global batch: use a multiple of {n} "
                              f"(for example bs={good}).")
 
+def _refuse_multi_host():
+    hosts = _xr().process_count()
+    if hosts > 1:
+        raise NotImplementedError(
+            f"to_tpu_spmd drives the devices of one host, and this is one of {hosts} hosts. Multi-host SPMD needs each host "
+            "to feed its own part of the global batch, and exact validation metrics then need a padding mask instead of "
+            "trimming the tail; neither is built yet. On a pod slice, run one replica per device on every host with "
+            "`to_tpu_distributed()` (README, 'TPU pods').")
+
 @patch
 def to_tpu_spmd(self:Learner, mesh=None, shard_params:bool=False, axis:str='data', seed:int|None=None, **dl_kwargs):
     "Train on every XLA device from this process: batches split over the mesh's `axis`, parameters replicated or sharded."
     enable_spmd()
+    _refuse_multi_host()
     mesh = mesh if mesh is not None else data_mesh(axis)
     n = axis_size(mesh, axis)
     _check_batch_sizes(self.dls, n, axis)

@@ -42,7 +42,7 @@ def save_atomically(obj, path, pickle_protocol:int=2):
         raise
     return path
 
-# %% ../nbs/05_checkpoint.ipynb #a9e247d0
+# %% ../nbs/05_checkpoint.ipynb #8a091807
 def _saves_file(path): return Path(path).with_name(f'.{Path(path).name}.saves')
 
 def _run_id(learn): return str(learn.__dict__.get('_fastai_xla_run', 0))
@@ -64,8 +64,8 @@ def _wait_for_master(learn, path, timeout=None):
     deadline = time.time() + timeout
     while _read_saves(learn, path) < want:
         if time.time() > deadline:
-            raise TimeoutError(f"Replica {replica_ordinal()} waited {timeout:.0f}s for the master to write {path} "
-                               f"(save number {want}); did the master replica stop, or call `save` fewer times?")
+            raise TimeoutError(f"Replica {replica_ordinal()} waited {timeout:.0f}s for the first replica of its host to write {path} "
+                               f"(save number {want}); did that replica stop, or call `save` fewer times?")
         time.sleep(0.05)
 
 # %% ../nbs/05_checkpoint.ipynb #39a65b60
@@ -90,17 +90,17 @@ def _read_checkpoint_error(file, e):
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #956d0aab
+# %% ../nbs/05_checkpoint.ipynb #bcd1be16
 _fastai_save, _fastai_load, _fastai_export = (getattr(f, 'fastai_original', f) for f in (Learner.save, Learner.load, Learner.export))
 
 @patch
 def save(self:Learner, file, with_opt:bool=True, pickle_protocol:int=2, **kwargs):
-    "Save model and optimizer state to `self.path/self.model_dir/file`; on XLA as CPU tensors, atomically, by the master."
+    "Save model and optimizer state to `self.path/self.model_dir/file`; on XLA as CPU tensors, atomically, once per host."
     if not is_xla_learner(self): return _fastai_save(self, file, with_opt=with_opt, pickle_protocol=pickle_protocol, **kwargs)
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
     step_boundary()                                    # finish this replica's pending step first
     count = _count_save(self, file)
-    if is_master():
+    if is_local_master():
         _write_checkpoint(host_state(self.model, getattr(self, 'opt', None), with_opt), file, pickle_protocol)
         save_atomically_text(f'{_run_id(self)}:{count}', _saves_file(file))
     return file
@@ -110,7 +110,7 @@ def load(self:Learner, file, device=None, **kwargs):
     "Load model and optimizer state from `self.path/self.model_dir/file`; on XLA through the CPU, on every replica."
     if not is_xla_learner(self): return _fastai_load(self, file, device=device, **kwargs)
     path = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    if not is_master(): _wait_for_master(self, path)
+    if not is_local_master(): _wait_for_master(self, path)
     try: _fastai_load(self, file, device='cpu', **kwargs)   # copies into the device parameters
     except Exception as e: raise _read_checkpoint_error(path, e) from e
     rebind_optimizer(self.opt, self.model, {}, self.splitter)  # optimizer state back on the device
@@ -120,13 +120,13 @@ def save_atomically_text(text, path):
     tmp = Path(path).with_name(Path(path).name + f'.{os.getpid()}-{threading.get_ident()}.tmp')
     tmp.write_text(text); os.replace(tmp, path)
 
-# %% ../nbs/05_checkpoint.ipynb #d7923765
+# %% ../nbs/05_checkpoint.ipynb #a4ded938
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export for inference; an XLA learner is exported as the CPU learner it was before `to_xla`."
     if not is_xla_learner(self): return _fastai_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     step_boundary()
-    if not is_master(): return
+    if not is_local_master(): return
     xla_cbs = [cb for cb in self.cbs if type(cb).__module__.startswith('fastai_xla')]
     xla_model, xla_dls, rec = self.model, self.dls, getattr(self, 'recorder', None)
     smooth = rec.smooth_loss if rec is not None else None
@@ -148,7 +148,7 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
 
 Learner.save.fastai_original, Learner.load.fastai_original, Learner.export.fastai_original = _fastai_save, _fastai_load, _fastai_export
 
-# %% ../nbs/05_checkpoint.ipynb #ceabb381
+# %% ../nbs/05_checkpoint.ipynb #5fe52745
 def _rng_states():
     import random, numpy as np
     import torch_xla.core.xla_model as xm
@@ -164,7 +164,7 @@ def save_resume(self:Learner, file, next_epoch:int):
     "Write a resume checkpoint: state, optimizer, `next_epoch`, random generators and data loader positions."
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
     step_boundary()
-    if is_master():
+    if is_local_master():
         state = dict(fastai_xla_resume=1, next_epoch=next_epoch, rng=_rng_states(),
                      dl_epochs=[getattr(dl, 'epoch', None) for dl in self.dls.loaders],
                      **host_state(self.model, self.opt, with_opt=True))
@@ -177,7 +177,7 @@ def save_resume(self:Learner, file, next_epoch:int):
 def load_resume(self:Learner, file) -> int:
     "Restore what `save_resume` wrote; return the epoch to pass as `start_epoch`."
     path = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    if is_xla_learner(self) and not is_master(): _wait_for_master(self, path)
+    if is_xla_learner(self) and not is_local_master(): _wait_for_master(self, path)
     try: state = torch.load(path, map_location='cpu', weights_only=False)
     except Exception as e: raise _read_checkpoint_error(path, e) from e
     if not isinstance(state, dict) or 'fastai_xla_resume' not in state:

@@ -12,8 +12,8 @@ from fastcore.basics import patch, store_attr
 # %% auto #0
 __all__ = ['check_torch_xla', 'tpu_chips', 'choose_pjrt_device', 'import_torch_xla', 'xla_device', 'device_kind', 'is_xla',
            'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'XLATransport', 'GlooTransport', 'transport',
-           'replica_ordinal', 'replica_count', 'is_master', 'all_reduce_mean_', 'all_reduce_sum_', 'all_gather',
-           'broadcast_', 'broadcast_object', 'barrier', 'xla_counters', 'counters_diff']
+           'replica_ordinal', 'replica_count', 'is_master', 'is_local_master', 'all_reduce_mean_', 'all_reduce_sum_',
+           'all_gather', 'broadcast_', 'broadcast_object', 'barrier', 'xla_counters', 'counters_diff']
 
 # %% ../nbs/00_core.ipynb #9458b1a7
 def _release(version:str) -> str:
@@ -161,7 +161,7 @@ def to_host(b):
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 
-# %% ../nbs/00_core.ipynb #3f219711
+# %% ../nbs/00_core.ipynb #1eda628d
 import pickle
 
 class XLATransport:
@@ -170,6 +170,10 @@ class XLATransport:
     def ordinal(self):
         import_torch_xla(); import torch_xla.runtime as xr
         return xr.global_ordinal()
+    def local_ordinal(self):
+        "The ordinal of this replica among those of its host."
+        import_torch_xla(); import torch_xla.runtime as xr
+        return xr.local_ordinal()
     def count(self):
         import_torch_xla(); import torch_xla.runtime as xr
         return xr.world_size()
@@ -202,6 +206,7 @@ class GlooTransport:
                                     timeout=datetime.timedelta(seconds=float(env.get('FASTAI_XLA_TIMEOUT', 300))))
         return dist
     def ordinal(self): return self._dist().get_rank()
+    def local_ordinal(self): return int(os.environ.get('FASTAI_XLA_LOCAL_RANK', self.ordinal()))   # one host unless told
     def count(self): return self._dist().get_world_size()
     def all_reduce_sum(self, tensors, scale=1.0):
         tensors = list(tensors)
@@ -235,7 +240,7 @@ def transport():
     if name not in _transports: raise ValueError(f"FASTAI_XLA_TRANSPORT must be one of {list(_transports)}, not {name!r}")
     return _transports[name]
 
-# %% ../nbs/00_core.ipynb #61a1b510
+# %% ../nbs/00_core.ipynb #b9da8a85
 def replica_ordinal() -> int:
     "The ordinal of this replica among all replicas (0 is the master)."
     return transport().ordinal()
@@ -245,6 +250,10 @@ def replica_count() -> int:
     return transport().count()
 
 def is_master() -> bool: return replica_ordinal() == 0
+
+def is_local_master() -> bool:
+    "Is this the first replica of its host? (On one host: the master. On a pod: one per host, for per-host files.)"
+    return transport().local_ordinal() == 0
 
 def all_reduce_mean_(tensors):
     "Replace each tensor by its mean over all replicas (in place; nothing to do for one replica)."

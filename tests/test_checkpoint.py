@@ -4,6 +4,7 @@
   prediction in a fresh process whose site-packages lack torch_xla;
 - the save-on-master-only mistake with 2 real replicas (gloo): it neither hangs nor breaks
   the later `load` on every replica;
+- a pod's per-host checkpoints, with 2 replica processes playing two hosts with separate disks;
 - Ctrl-C in the launching process during a 2-replica fit (gloo processes, forked): control
   returns promptly and no replica process is left."""
 import os, re, signal, subprocess, sys, textwrap, time
@@ -48,6 +49,26 @@ def test_save_on_the_master_only_neither_hangs_nor_breaks_load(tmp_path):
     digests = [p.read_text() for p in sorted(tmp_path.glob('digest-*'))]
     assert len(digests) == 2 and digests[0] == digests[1]
     assert (tmp_path/'models'/'by_master.pth').exists()
+
+def save_on_separate_hosts(learn, out_dir):
+    learn.path = Path(out_dir, f'host{replica_ordinal()}')   # each "host" has its own disk
+    learn.fit(1, 1e-2)
+    learn.save('every_host')
+    learn.load('every_host')
+    Path(out_dir, f'digest-{replica_ordinal()}').write_text(str(sum(p.double().sum().item() for p in learn.model.parameters())))
+
+def test_each_host_writes_its_own_checkpoint(tmp_path, monkeypatch):
+    """A pod's rule with 2 real replica processes playing two hosts (each the first replica of its
+    host, `FASTAI_XLA_LOCAL_RANK=0`), each with a directory of its own for a disk. Not covered: real
+    separate machines and torch_xla's multi-host runtime (which gives `xr.local_ordinal()`)."""
+    from test_replicas import indexed_learner
+    monkeypatch.setenv('FASTAI_XLA_LOCAL_RANK', '0')
+    monkeypatch.setenv('FASTAI_XLA_TIMEOUT', '60')     # a replica waiting for a file no one writes fails fast
+    learn = indexed_learner(bs=32, path=tmp_path)
+    learn.launch(save_on_separate_hosts, str(tmp_path), nprocs=2, transport='gloo')
+    assert all((tmp_path/f'host{i}'/'models'/'every_host.pth').exists() for i in (0, 1))
+    digests = [p.read_text() for p in sorted(tmp_path.glob('digest-*'))]
+    assert len(digests) == 2 and digests[0] == digests[1]
 
 def test_ctrl_c_during_a_launched_fit_leaves_no_process(tmp_path):
     script = tmp_path/'interrupt.py'

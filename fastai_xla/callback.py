@@ -21,7 +21,7 @@ from .data import *
 
 # %% auto #0
 __all__ = ['move_model', 'rebind_optimizer', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host', 'gather_in_order', 'phase_items',
-           'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders']
+           'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #18b28c2b
 def move_model(model, device) -> dict:
@@ -290,7 +290,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #edf2979c
+# %% ../nbs/03_callback.ipynb #e7add499
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
     device = device or xla_device()
@@ -301,15 +301,20 @@ def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|Non
     res.cpu_dls = dls   # what `export` writes
     return res
 
+def is_xla_learner(learn) -> bool:
+    "Does `learn` train on XLA (has a `TPUCallback`)?"
+    return any(isinstance(cb, TPUCallback) for cb in getattr(learn, 'cbs', []))
+
 @patch
 def to_xla(self:Learner, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **dl_kwargs):
     "Train this learner on one XLA device: wrap its `DataLoaders`, add `TPUCallback` and `StepBoundaryCallback`."
     device = device or xla_device()
     check_autograd(device)
     from fastai_xla.precision import xla_precision_cbs   # fastai's CUDA mixed precision -> XLA's
-    precision = xla_precision_cbs([cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision'])
-    self.remove_cbs([cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision'])
-    self.add_cbs(precision)
+    cuda_precision = [cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision']
+    xla_precision = xla_precision_cbs(cuda_precision)       # (refuses float16 before anything changes)
+    self.remove_cbs(cuda_precision)
+    self.add_cbs(xla_precision)
     self.dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **dl_kwargs)
     from fastai_xla.diagnostics import XLADiagnostics
     for cb in (TPUCallback, StepBoundaryCallback, XLADiagnostics):

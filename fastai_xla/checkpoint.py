@@ -15,13 +15,9 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['is_xla_learner', 'host_state', 'write_atomically', 'save_atomically', 'ResumeCallback']
+__all__ = ['host_state', 'write_atomically', 'save_atomically', 'ResumeCallback']
 
-# %% ../nbs/05_checkpoint.ipynb #cb33d731
-def is_xla_learner(learn) -> bool:
-    "Does `learn` train on XLA (has a `TPUCallback`)?"
-    return any(isinstance(cb, TPUCallback) for cb in getattr(learn, 'cbs', []))
-
+# %% ../nbs/05_checkpoint.ipynb #e3eece48
 def host_state(model, opt=None, with_opt:bool=True):
     "The state of `model` (and `opt`) as CPU tensors, in fastai's checkpoint format."
     state = get_model(model).state_dict()

@@ -177,7 +177,7 @@ def _gloo_env(rank, world, port):
                 FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port),
                 PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
 
-# %% ../nbs/04_distributed.ipynb #3961401e
+# %% ../nbs/04_distributed.ipynb #05da9c10
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
@@ -217,6 +217,10 @@ class _Forked:
         if self.p.exitcode is None: raise subprocess.TimeoutExpired('replica', timeout)
         return self.p.exitcode
 
+def _replica_errors(job_dir) -> list:
+    "The tracebacks that failed replicas wrote into `job_dir`, each headed by its file's name."
+    return [f'--- {e.stem}\n{e.read_text()}' for e in sorted(Path(job_dir).glob('error-*.txt'))]
+
 def _spawn_gloo(job_dir, nprocs, start_method, stop=None):
     "Start `nprocs` replica processes (forked, or fresh Python processes like `torchrun`'s); stop all if one fails or `stop` is set."
     port = _free_port()
@@ -235,8 +239,7 @@ def _spawn_gloo(job_dir, nprocs, start_method, stop=None):
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if stop is not None and stop.is_set(): raise KeyboardInterrupt('replicas stopped')
     if failed:
-        errors = sorted(Path(job_dir).glob('error-*.txt'))
-        detail = '\n'.join(f'--- {e.stem}\n{e.read_text()}' for e in errors) or f'replica processes {failed} died'
+        detail = '\n'.join(_replica_errors(job_dir)) or f'replica processes {failed} died'
         raise RuntimeError(f'{len(failed)} of {nprocs} replicas failed:\n{detail}')
 
 def _stop(procs, grace:float=5.0):
@@ -251,7 +254,7 @@ def _stop(procs, grace:float=5.0):
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
     _run_replica(sys.argv[1])
 
-# %% ../nbs/04_distributed.ipynb #412b0804
+# %% ../nbs/04_distributed.ipynb #bb1c9f7a
 def _start_method(start_method:str) -> str:
     "`fork` where the platform has it and this process has not started XLA (nothing to pickle), else `spawn`."
     if start_method != 'auto': return start_method
@@ -300,9 +303,9 @@ def launch(self:Learner, train, *args, nprocs:int|None=None, transport:str='xla'
     except KeyboardInterrupt:
         _stop_replicas(stop, runner)
         raise
-    errors = sorted(job_dir.glob('error-*.txt'))
+    errors = _replica_errors(job_dir)
     if errors:
-        detail = '\n'.join(f'--- {e.stem}\n{e.read_text()}' for e in errors)
+        detail = '\n'.join(errors)
         raise RuntimeError(f'{len(errors)} replica(s) failed:\n{detail}') from (failure[0] if failure else None)
     if failure: raise failure[0]
     result = torch.load(job_dir/'result.pth', weights_only=False)
@@ -310,7 +313,7 @@ def launch(self:Learner, train, *args, nprocs:int|None=None, transport:str='xla'
     return result['out']
 
 def _stop_replicas(stop, runner, timeout:float=30.):
-    "Interrupted (Ctrl-C in the notebook): stop every replica process, wait for the launcher thread."
+    "Stop every replica process (Ctrl-C in the notebook, or a replica failed), wait for the launcher thread."
     stop.set()                                             # gloo: the watcher stops its processes
     for p in multiprocessing.active_children():            # xmp.spawn: the process pool's workers
         p.terminate()

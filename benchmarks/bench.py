@@ -90,7 +90,7 @@ def counters():
     get = lambda k: (met.metric_data(k) or [0])[0]
     return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
 
-def run_reference(model_name, epochs, spmd=False):
+def run_reference(model_name, epochs, spmd=False, bs=64):
     "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch (for images it also does the batch transforms, on the device)."
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
@@ -105,8 +105,8 @@ def run_reference(model_name, epochs, spmd=False):
     model = make_model(model_name).to(d)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     tr = torch.utils.data.TensorDataset(*xt, yt); va = torch.utils.data.TensorDataset(*xv, yv)
-    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=64, shuffle=True, drop_last=True), d, input_sharding=input_sharding)
-    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=64, drop_last=True if spmd else False), d, input_sharding=input_sharding)
+    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=bs, shuffle=True, drop_last=True), d, input_sharding=input_sharding)
+    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=bs, drop_last=True if spmd else False), d, input_sharding=input_sharding)
     mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
     def prep(xs): return ((xs[0].float() / 16. - mean) / std,) if model_name == 'cnn' else xs
     times, per_epoch, acc = [], [], None
@@ -122,7 +122,7 @@ def run_reference(model_name, epochs, spmd=False):
         times.append(time.perf_counter() - t); per_epoch.append({k: v - c0[k] for k, v in counters().items()})
     return dict(times=times, per_epoch=per_epoch, accuracy=acc)
 
-def _fastai_learner(model_name):
+def _fastai_learner(model_name, bs=64):
     import torch
     from functools import partial
     from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, accuracy, OptimWrapper
@@ -130,8 +130,9 @@ def _fastai_learner(model_name):
     import fastai.callback.progress  # Learner.no_bar
     if model_name == 'mlp':
         Xt, yt, Xv, yv = digits_tensors()
-        dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=64, shuffle=True, drop_last=True),
-                          DataLoader(list(zip(Xv, yv)), bs=64))
+        dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=bs, shuffle=True, drop_last=True),
+                          DataLoader(list(zip(Xv, yv)), bs=bs))
+    elif bs != 64: raise ValueError('only the MLP takes another batch size')
     else: dls = image_dls() if model_name == 'cnn' else tabular_dls()
     torch.manual_seed(0)
     return Learner(dls, make_model(model_name), loss_func=CrossEntropyLossFlat(), metrics=accuracy,
@@ -151,12 +152,12 @@ class _Timer:
                 timer.per_epoch.append({k: v - self.c0[k] for k, v in counters().items()})
         return EpochTimer()
 
-def run_fastai_xla(model_name, epochs, spmd=False):
+def run_fastai_xla(model_name, epochs, spmd=False, bs=64):
     from fastai_xla.all import xla_device
-    if spmd: learn = _fastai_learner(model_name).to_tpu_spmd()
+    if spmd: learn = _fastai_learner(model_name, bs).to_tpu_spmd()
     else:
         xla_device()
-        learn = _fastai_learner(model_name).to_tpu_distributed()
+        learn = _fastai_learner(model_name, bs).to_tpu_distributed()
     timer = _Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))

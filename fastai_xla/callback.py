@@ -73,7 +73,7 @@ def rebind_optimizer(opt, model, moved:dict, splitter=None):
             if id(p) in by_id: state[n] = _state_to(by_id[id(p)], n)
     _set_opt_params(opt, new_lists, state)
 
-# %% ../nbs/03_callback.ipynb #174d07da
+# %% ../nbs/03_callback.ipynb #5d3bdfc7
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     def accumulate(self, learn):
@@ -106,12 +106,17 @@ def _state_attrs(met):
         if isinstance(met, cls): return attrs
     return ()
 
+def _get(o, a): return o[a] if isinstance(a, int) else getattr(o, a)
+def _set(o, a, v):
+    if isinstance(a, int): o[a] = v
+    else: setattr(o, a, v)
+
 def fetch_to_host(objs_attrs):
-    "Replace the attributes `(obj, attr)` by host copies, all in one transfer."
-    pairs = [(o, a) for o, a in objs_attrs if hasattr(o, a)]
-    values = [getattr(o, a) for o, a in pairs]
+    "Replace the attributes `(obj, attr)`, or the list items `(list, index)`, by host copies, all in one transfer."
+    pairs = [(o, a) for o, a in objs_attrs if isinstance(a, int) or hasattr(o, a)]
+    values = [_get(o, a) for o, a in pairs]
     values = to_host([v.t if isinstance(v, DeviceTotal) else v for v in values])
-    for (o, a), v in zip(pairs, values): setattr(o, a, v)
+    for (o, a), v in zip(pairs, values): _set(o, a, v)
 
 # %% ../nbs/03_callback.ipynb #7f6d357e
 def _cat(chunks):
@@ -140,14 +145,14 @@ def phase_items(dl) -> int:
     if not isinstance(dl, XLADataLoader): return None
     return dl.dl.n if dl.pad else dl.n * dl.world_size
 
-# %% ../nbs/03_callback.ipynb #a70019f5
+# %% ../nbs/03_callback.ipynb #b85c2a42
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
-    def __init__(self, device=None): self.device = device
+    def __init__(self, device=None, losses_every:int=256): self.device, self.losses_every = device, losses_every
 
     def before_fit(self):
-        self.device = self.device or xla_device()
+        self.device, self.losses_on_host = self.device or xla_device(), 0
         check_autograd(self.device)
         from fastai_xla.precision import xla_precision_cbs
         xla_precision_cbs(self.learn.cbs)   # refuses a CUDA MixedPrecision added after to_xla
@@ -210,7 +215,7 @@ class TPUCallback(Callback):
             all_reduce_mean_([p.grad for p in self.model.parameters() if p.grad is not None])
 
     # --- end of a phase: one copy of every accumulator to the host, before the Recorder reads them
-    def after_train(self): self._end_phase()
+    def after_train(self): self._end_phase(self._device_losses())
     def after_validate(self):
         self._end_phase()
         n = phase_items(self.learn.dl)
@@ -224,10 +229,10 @@ class TPUCallback(Callback):
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
 
-    def _end_phase(self):
+    def _end_phase(self, also=()):
         mets = self._phase_metrics()
         if replica_count() > 1: self._reduce_metrics(mets)
-        fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)])
+        fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
 
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
@@ -242,9 +247,19 @@ class TPUCallback(Callback):
             elif isinstance(m, AccumMetric) and n is not None:
                 m.preds, m.targs = [gather_in_order(m.preds, n)], [gather_in_order(m.targs, n)]
 
-    def after_fit(self):
-        rec = getattr(self.learn, 'recorder', None)
-        if rec is not None: fetch_to_host([(rec, 'losses'), (self.learn, 'smooth_loss')])
+    # --- the Recorder's loss of every step: to the host in batches, a step behind the device
+    def after_batch(self):
+        # (before the Recorder records this step: the last loss recorded is the previous step's, perhaps still running)
+        if self.training and self.iter and self.iter % self.losses_every == 0: fetch_to_host(self._device_losses(keep=1))
+
+    def _device_losses(self, keep:int=0):
+        "`(list, index)` of the Recorder's losses still on the device, but the last `keep`."
+        losses = getattr(getattr(self.learn, 'recorder', None), 'losses', [])
+        todo = [(losses, i) for i in range(self.losses_on_host, len(losses) - keep)]
+        self.losses_on_host = max(self.losses_on_host, len(losses) - keep)
+        return todo
+
+    def after_fit(self): fetch_to_host(self._device_losses() + [(self.learn, 'smooth_loss')])
 
 # %% ../nbs/03_callback.ipynb #4b324f18
 class RestoreAfterLRFind(Callback):

@@ -48,11 +48,14 @@ def shard_idxs(order:list, bs:int, rank:int=0, world_size:int=1, pad:bool=True):
     filler = mine[0] if mine else (order[0] if len(order) else None)
     return mine + [filler]*(nb*bs - n_real), n_real
 
-# %% ../nbs/02_data.ipynb #82a0f715
+# %% ../nbs/02_data.ipynb #4d346ede
 class _Stop(Exception): pass
 
 def background(batches, convert, size:int=2):
-    "Iterate `convert(b)` for `b` in `batches`, computed `size` batches ahead in a thread."
+    "Iterate `convert(b)` for `b` in `batches`, computed `size` batches ahead in a thread (`size=0`: no thread)."
+    if size == 0:
+        yield from map(convert, batches)
+        return
     q, stop = queue.Queue(maxsize=size), threading.Event()
     def put(item):
         while not stop.is_set():
@@ -79,7 +82,7 @@ def background(batches, convert, size:int=2):
         stop.set()
         thread.join(timeout=10)
 
-# %% ../nbs/02_data.ipynb #f9e7a75a
+# %% ../nbs/02_data.ipynb #cff8cef0
 class _ConstantIdxs:
     "A picklable `get_idxs` that returns fixed indices."
     def __init__(self, idxs): self.idxs = idxs
@@ -93,7 +96,7 @@ class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
     def __init__(self, dl, device=None, rank:int=0, world_size:int=1, seed:int|None=None,
-                 batch_tfms_on:str='auto', prefetch:int=2, num_workers:int|None=None, sharding=None):
+                 batch_tfms_on:str='auto', prefetch:int|None=None, num_workers:int|None=None, sharding=None):
         if isinstance(dl, XLADataLoader): dl = dl.dl
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
@@ -101,6 +104,7 @@ class XLADataLoader(GetAttr):
         if seed is None: seed = random.randint(0, 2**31)
         store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding')
         self.device = device or xla_device()
+        if prefetch is None: self.prefetch = 0 if device_kind() == 'CPU' else 2   # see "The background copy"
         self.epoch, self.pad = 0, not dl.drop_last
         cpu_fs, dev_fs = split_batch_tfms(getattr(dl, 'after_batch', None), batch_tfms_on)
         self.cpu_tfms = Pipeline(cpu_fs) if dev_fs else None   # None: keep the loader's own after_batch

@@ -16,6 +16,9 @@ cannot take the others down) on the same data, model, batch size and optimizer:
   loop feeds MpDeviceLoader an `input_sharding` on a one-axis mesh (repro/spmd_cpu_8dev.py
   with the loader of raw_torch_xla_loop.py); fastai_xla is `to_tpu_spmd()`. Their ratio
   divides by the SPMD reference.
+- `reference_cpu` and `fastai_cpu` (unless `--cpu-rows 0`): the same loop and the same fastai
+  Learner on PyTorch's own eager CPU device, no XLA anywhere: fastai's own cost per step
+  against a bare loop, on any device. `fastai_cpu`'s ratio divides by `reference_cpu`.
 Epoch time is the median over the epochs after the first (compilation happens in the first),
 then the median over `--repeats` runs; the reference and fastai_xla runs alternate, so that
 a slow spell of this shared machine hits both. The ratio divides by the reference measured
@@ -90,8 +93,9 @@ def counters():
     get = lambda k: (met.metric_data(k) or [0])[0]
     return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
 
-def run_reference(model_name, epochs, spmd=False, bs=64):
+def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False):
     "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch (for images it also does the batch transforms, on the device)."
+    # eager_cpu: the same loop on PyTorch's own CPU device, without XLA (torch's DataLoader instead of MpDeviceLoader)
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
     input_sharding = None
@@ -101,12 +105,13 @@ def run_reference(model_name, epochs, spmd=False, bs=64):
         xr.use_spmd(); n = xr.global_runtime_device_count()
         mesh = xs.Mesh(np.arange(n), (n,), ('data',))
         input_sharding = xs.ShardingSpec(mesh, ('data',) + (None,) * (xt[0].ndim - 1))
-    d = torch_xla.device()
+    d = torch.device('cpu') if eager_cpu else torch_xla.device()
     model = make_model(model_name).to(d)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     tr = torch.utils.data.TensorDataset(*xt, yt); va = torch.utils.data.TensorDataset(*xv, yv)
-    trl = pl.MpDeviceLoader(torch.utils.data.DataLoader(tr, batch_size=bs, shuffle=True, drop_last=True), d, input_sharding=input_sharding)
-    val = pl.MpDeviceLoader(torch.utils.data.DataLoader(va, batch_size=bs, drop_last=True if spmd else False), d, input_sharding=input_sharding)
+    trl = torch.utils.data.DataLoader(tr, batch_size=bs, shuffle=True, drop_last=True)
+    val = torch.utils.data.DataLoader(va, batch_size=bs, drop_last=True if spmd else False)
+    if not eager_cpu: trl, val = (pl.MpDeviceLoader(dl, d, input_sharding=input_sharding) for dl in (trl, val))
     mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
     def prep(xs): return ((xs[0].float() / 16. - mean) / std,) if model_name == 'cnn' else xs
     times, per_epoch, acc = [], [], None
@@ -162,6 +167,13 @@ def run_fastai_xla(model_name, epochs, spmd=False, bs=64):
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
 
+def run_fastai_cpu(model_name, epochs):
+    "The fastai Learner on PyTorch's own CPU device, without XLA: fastai's own cost next to `reference_cpu`."
+    learn = _fastai_learner(model_name)
+    timer = _Timer()
+    with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
+    return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
+
 def run_naive(model_name, epochs):
     import torch_xla
     d = torch_xla.device()
@@ -172,7 +184,8 @@ def run_naive(model_name, epochs):
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
 
-RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive,
+RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive, fastai_cpu=run_fastai_cpu,
+               reference_cpu=lambda m, e: run_reference(m, e, eager_cpu=True),
                reference_spmd=lambda m, e: run_reference(m, e, spmd=True), fastai_xla_spmd=lambda m, e: run_fastai_xla(m, e, spmd=True))
 
 def run_child(kind, model_name, epochs, timeout, devices=None):
@@ -209,6 +222,7 @@ def main():
     p.add_argument('--models', default=','.join(MODELS))
     p.add_argument('--timeout', type=int, default=900)
     p.add_argument('--spmd-devices', type=int, default=8, help='simulated devices of the SPMD rows (0: no SPMD rows)')
+    p.add_argument('--cpu-rows', type=int, default=1, help="1: also fastai and the loop on PyTorch's eager CPU device, without XLA")
     p.add_argument('--child', nargs=3)
     a = p.parse_args()
     if a.child:
@@ -221,19 +235,23 @@ def main():
         for _ in range(a.repeats):
             for kind in runs: runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
         runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
+        if a.cpu_rows:
+            runs['reference_cpu'], runs['fastai_cpu'] = [], []
+            for _ in range(a.repeats):
+                for kind in ('reference_cpu', 'fastai_cpu'): runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
         if a.spmd_devices:
             runs['reference_spmd'], runs['fastai_xla_spmd'] = [], []
             for _ in range(a.repeats):
                 for kind in ('reference_spmd', 'fastai_xla_spmd'):
                     runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout, a.spmd_devices))
         summaries = {k: [s for s in map(summarize, v) if s] for k, v in runs.items()}
-        refs = {False: combine(summaries['reference']), True: combine(summaries.get('reference_spmd', []))}
+        refs = {suffix: combine(summaries.get('reference' + suffix, [])) for suffix in ('', '_spmd', '_cpu')}
         for kind, ss in summaries.items():
             if not ss: rows.append((model_name, kind, runs[kind][0].get('error', 'failed'))); continue
-            s, ref = combine(ss), refs[kind.endswith('_spmd')]
+            s, ref = combine(ss), refs[next((x for x in ('_spmd', '_cpu') if kind.endswith(x)), '')]
             ratio = s['epoch_s'] / ref['epoch_s'] if ref else float('nan')
-            rows.append((model_name, kind, f"{s['epoch_s']:.4f}", f'{ratio:.2f}', s['compiles'], s['compiles_after_1'],
-                         f"{s['to_host_per_epoch']:g}", f"{s['accuracy']:.4f}", len(ss)))
+            xla = (s['compiles'], s['compiles_after_1'], f"{s['to_host_per_epoch']:g}") if not kind.endswith('_cpu') else ('-',)*3
+            rows.append((model_name, kind, f"{s['epoch_s']:.4f}", f'{ratio:.2f}', *xla, f"{s['accuracy']:.4f}", len(ss)))
     head = ('model', 'run', 'epoch s (median, after 1st)', 'ratio to reference', 'compiles', 'compiles after epoch 1',
             'host transfers / epoch', 'final accuracy', 'runs')
     print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))

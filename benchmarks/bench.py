@@ -1,6 +1,6 @@
 """Speed of fastai_xla against the hand-written torch_xla loop and naive fastai on XLA.
 
-    PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 3] [--naive-epochs 2] [--models mlp] [--spmd-devices 8]
+    PJRT_DEVICE=CPU python benchmarks/bench.py [--epochs 6] [--repeats 5] [--naive-epochs 2] [--models mlp] [--spmd-devices 8]
 
 Models: `mlp` (64-128-10 on the 64 pixels), `cnn` (3 conv layers on digits as 1x8x8
 uint8 TensorImages with fastai batch transforms), `tabular` (fastai's TabularModel with 8
@@ -20,9 +20,10 @@ cannot take the others down) on the same data, model, batch size and optimizer:
   Learner on PyTorch's own eager CPU device, no XLA anywhere: fastai's own cost per step
   against a bare loop, on any device. `fastai_cpu`'s ratio divides by `reference_cpu`.
 Epoch time is the median over the epochs after the first (compilation happens in the first),
-then the median over `--repeats` runs; the reference and fastai_xla runs alternate, so that
-a slow spell of this shared machine hits both. The ratio divides by the reference measured
-in the same invocation."""
+then the median over `--repeats` runs. Each measured run alternates with a run of its
+reference, and its ratio divides its epoch time by that of the reference run just before it,
+so that a slow spell of this shared machine hits both; the table gives the median of these
+paired ratios and their range. The naive row (one run) divides by the median reference."""
 import argparse, json, os, statistics, subprocess, sys, time
 
 MODELS = ['mlp', 'cnn', 'tabular']
@@ -214,11 +215,43 @@ def combine(ss):
     if not ss: return None
     return dict(ss[-1], epoch_s=statistics.median(s['epoch_s'] for s in ss))
 
+# each measured run and the reference it is divided by; the two alternate, so that a slow spell of the machine hits both
+PAIRS = {'fastai_xla': 'reference', 'fastai_cpu': 'reference_cpu', 'fastai_xla_spmd': 'reference_spmd'}
+
+def paired_ratios(refs, runs):
+    "The epoch time of each run over that of the reference run just before it."
+    return [s['epoch_s'] / r['epoch_s'] for r, s in zip(map(summarize, refs), map(summarize, runs)) if r and s]
+
+def run_alternating(kind, model_name, a, devices=None):
+    "`a.repeats` runs of `kind` and of its reference, alternating: `{reference: [...], kind: [...]}`."
+    ref, runs = PAIRS[kind], {PAIRS[kind]: [], kind: []}
+    for _ in range(a.repeats):
+        for k in (ref, kind): runs[k].append(run_child(k, model_name, a.epochs, a.timeout, devices))
+    return runs
+
+def table_rows(model_name, runs):
+    "One table row per kind of run; a measured run's ratio is the median of its paired ratios, with their range."
+    rows = []
+    for kind, rs in runs.items():
+        ss = [s for s in map(summarize, rs) if s]
+        if not ss: rows.append((model_name, kind, rs[0].get('error', 'failed'))); continue
+        s = combine(ss)
+        if kind in PAIRS:
+            pr = paired_ratios(runs[PAIRS[kind]], rs)
+            ratio, spread = (f'{statistics.median(pr):.2f}', f'{min(pr):.2f}-{max(pr):.2f}') if pr else ('nan', '-')
+        elif kind == 'naive':   # one run, minutes long: divided by the median reference
+            ref = combine([x for x in map(summarize, runs['reference']) if x])
+            ratio, spread = (f"{s['epoch_s'] / ref['epoch_s']:.2f}" if ref else 'nan'), '-'
+        else: ratio, spread = '1.00', '-'
+        xla = (s['compiles'], s['compiles_after_1'], f"{s['to_host_per_epoch']:g}") if not kind.endswith('_cpu') else ('-',)*3
+        rows.append((model_name, kind, f"{s['epoch_s']:.4f}", ratio, spread, *xla, f"{s['accuracy']:.4f}", len(ss)))
+    return rows
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--epochs', type=int, default=6)
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--naive-epochs', type=int, default=2)
+    p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--naive-epochs', type=int, default=2, help='epochs of the naive row (0: no naive row)')
     p.add_argument('--models', default=','.join(MODELS))
     p.add_argument('--timeout', type=int, default=900)
     p.add_argument('--spmd-devices', type=int, default=8, help='simulated devices of the SPMD rows (0: no SPMD rows)')
@@ -231,29 +264,13 @@ def main():
         return
     rows = []
     for model_name in a.models.split(','):
-        runs = {'reference': [], 'fastai_xla': []}
-        for _ in range(a.repeats):
-            for kind in runs: runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
-        runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
-        if a.cpu_rows:
-            runs['reference_cpu'], runs['fastai_cpu'] = [], []
-            for _ in range(a.repeats):
-                for kind in ('reference_cpu', 'fastai_cpu'): runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout))
-        if a.spmd_devices:
-            runs['reference_spmd'], runs['fastai_xla_spmd'] = [], []
-            for _ in range(a.repeats):
-                for kind in ('reference_spmd', 'fastai_xla_spmd'):
-                    runs[kind].append(run_child(kind, model_name, a.epochs, a.timeout, a.spmd_devices))
-        summaries = {k: [s for s in map(summarize, v) if s] for k, v in runs.items()}
-        refs = {suffix: combine(summaries.get('reference' + suffix, [])) for suffix in ('', '_spmd', '_cpu')}
-        for kind, ss in summaries.items():
-            if not ss: rows.append((model_name, kind, runs[kind][0].get('error', 'failed'))); continue
-            s, ref = combine(ss), refs[next((x for x in ('_spmd', '_cpu') if kind.endswith(x)), '')]
-            ratio = s['epoch_s'] / ref['epoch_s'] if ref else float('nan')
-            xla = (s['compiles'], s['compiles_after_1'], f"{s['to_host_per_epoch']:g}") if not kind.endswith('_cpu') else ('-',)*3
-            rows.append((model_name, kind, f"{s['epoch_s']:.4f}", f'{ratio:.2f}', *xla, f"{s['accuracy']:.4f}", len(ss)))
-    head = ('model', 'run', 'epoch s (median, after 1st)', 'ratio to reference', 'compiles', 'compiles after epoch 1',
-            'host transfers / epoch', 'final accuracy', 'runs')
+        runs = run_alternating('fastai_xla', model_name, a)
+        if a.naive_epochs: runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
+        if a.cpu_rows: runs.update(run_alternating('fastai_cpu', model_name, a))
+        if a.spmd_devices: runs.update(run_alternating('fastai_xla_spmd', model_name, a, a.spmd_devices))
+        rows += table_rows(model_name, runs)
+    head = ('model', 'run', 'epoch s (median, after 1st)', 'ratio to reference (median of pairs)', 'pair ratios (min-max)',
+            'compiles', 'compiles after epoch 1', 'host transfers / epoch', 'final accuracy', 'runs')
     print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))
     for r in rows: print('| ' + ' | '.join(map(str, r)) + ' |')
 

@@ -1,0 +1,106 @@
+"""What two of fastai_xla's changes to fastai's per-batch work save, each against fastai's own way.
+
+    PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 8] [--events 3000]
+
+- lean event dispatch (`nbs/03_callback.ipynb`): microseconds per event that no callback of
+  the learner handles, with fastai's dispatch and with fastai_xla's; then MLP epochs with each;
+- whole-table tabular batches (`nbs/02_data.ipynb`): host time the training loop spends
+  waiting for the next batch, and tabular epochs, with fastai's batches (`whole_table=False`)
+  and with the whole table.
+One process per model, the models and data of bench.py; the two settings alternate for
+`--rounds` fits of 3 epochs (epochs after the first of each fit count), so that a slow spell
+of this shared machine hits both. Prints one table."""
+import argparse, json, os, statistics, subprocess, sys, time, timeit
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench
+
+def _fit_epochs(learn, n=3):
+    timer = bench._Timer()
+    with learn.no_bar(), learn.no_logging(): learn.fit(n, 1e-2, cbs=timer.callback())
+    return timer.times[1:]
+
+def _alternate(learn, settings:dict, rounds:int) -> dict:
+    "Median epoch time of `learn` under each setting (a function that applies it), the settings alternating."
+    times = {k: [] for k in settings}
+    for r in range(rounds + 1):
+        for k, apply in settings.items():
+            apply()
+            t = _fit_epochs(learn)
+            if r: times[k] += t
+    return {k: statistics.median(v) for k, v in times.items()}
+
+def dispatch(rounds, events):
+    from fastai.learner import Learner
+    from fastai_xla.all import xla_device
+    from fastai_xla.callback import _fastai_call
+    xla_device()
+    learn = bench._fastai_learner('mlp').to_tpu_distributed()
+    lean = Learner.__call__
+    def use(f): return lambda: setattr(Learner, '__call__', f)
+    with learn.no_bar(), learn.no_logging():
+        _fit_epochs(learn, 1)
+        learn.training = True
+        per_event = {}
+        for name, f in (('fastai', _fastai_call), ('fastai_xla', lean)):
+            Learner.__call__ = f
+            per_event[name] = timeit.timeit(lambda: learn('after_cancel_batch'), number=events) / events
+    epochs = _alternate(learn, {'fastai': use(_fastai_call), 'fastai_xla': use(lean)}, rounds)
+    Learner.__call__ = lean
+    return dict(per_event=per_event, epochs=epochs)
+
+def whole_table(rounds):
+    from fastai_xla.all import xla_device, XLADataLoader
+    xla_device()
+    learn = bench._fastai_learner('tabular').to_tpu_distributed()
+    waited = {'t': 0.0, 'n': 0}
+    iterate = XLADataLoader.__iter__
+    def timed(self):                       # the time `next()` takes in the training loop
+        it = iterate(self)
+        while True:
+            t = time.perf_counter()
+            try: b = next(it)
+            except StopIteration: return
+            waited['t'] += time.perf_counter() - t; waited['n'] += 1
+            yield b
+    XLADataLoader.__iter__ = timed
+    per_batch, epochs = {}, {}
+    def use(v):
+        def apply():
+            for dl in learn.dls.loaders: dl.whole_table = v
+        return apply
+    _fit_epochs(learn, 1)
+    for name, v in (('fastai', False), ('fastai_xla', True)):
+        use(v)(); waited.update(t=0.0, n=0); _fit_epochs(learn)
+        per_batch[name] = waited['t'] / waited['n']
+    XLADataLoader.__iter__ = iterate
+    epochs = _alternate(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
+    return dict(per_batch=per_batch, epochs=epochs)
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--rounds', type=int, default=8)
+    p.add_argument('--events', type=int, default=3000)
+    p.add_argument('--child')
+    a = p.parse_args()
+    if a.child:
+        res = dispatch(a.rounds, a.events) if a.child == 'dispatch' else whole_table(a.rounds)
+        print('RESULT ' + json.dumps(res), flush=True)
+        return
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
+    res = {}
+    for child in ('dispatch', 'whole_table'):
+        out = subprocess.run([sys.executable, __file__, '--child', child, '--rounds', str(a.rounds), '--events', str(a.events)],
+                             capture_output=True, text=True, env=env)
+        lines = [l for l in out.stdout.splitlines() if l.startswith('RESULT ')]
+        if not lines: sys.exit(f'{child} failed: ' + (out.stderr.strip().splitlines() or ['no output'])[-1])
+        res[child] = json.loads(lines[-1][7:])
+    d, w = res['dispatch'], res['whole_table']
+    rows = [('lean event dispatch', 'mlp', 'us per event no callback handles', d['per_event'], 1e6),
+            ('lean event dispatch', 'mlp', 'epoch ms', d['epochs'], 1e3),
+            ('whole-table batches', 'tabular', 'us the loop waits per batch', w['per_batch'], 1e6),
+            ('whole-table batches', 'tabular', 'epoch ms', w['epochs'], 1e3)]
+    print("| change | model | measure | fastai's way | fastai_xla | fastai_xla / fastai's way |\n|---|---|---|---|---|---|")
+    for change, model, what, v, scale in rows:
+        print(f"| {change} | {model} | {what} | {v['fastai']*scale:.1f} | {v['fastai_xla']*scale:.1f} | {v['fastai_xla']/v['fastai']:.2f} |")
+
+if __name__ == '__main__': main()

@@ -158,6 +158,17 @@ class _Timer:
                 timer.per_epoch.append({k: v - self.c0[k] for k, v in counters().items()})
         return EpochTimer()
 
+def alternate_fits(learn, settings:dict, rounds:int, epochs:int=3) -> dict:
+    "Median epoch time of `learn` under each setting (a function that applies it): fits alternate, a first round warms up."
+    times = {k: [] for k in settings}
+    for r in range(rounds + 1):
+        for k, apply in settings.items():
+            apply()
+            timer = _Timer()
+            with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
+            if r: times[k] += timer.times[1:]
+    return {k: statistics.median(v) for k, v in times.items()}
+
 def run_fastai_xla(model_name, epochs, spmd=False, bs=64):
     from fastai_xla.all import xla_device
     if spmd: learn = _fastai_learner(model_name, bs).to_tpu_spmd()

@@ -6,7 +6,7 @@ The models and data of bench.py. For each model one process, one learner: fits o
 `--epochs` epochs with the two settings alternate `--rounds` times (after one fit of each to
 compile), so a slow spell of this shared machine hits both. Prints the median epoch time
 of each setting (all epochs but the first of each fit) and their ratio."""
-import argparse, json, os, statistics, subprocess, sys
+import argparse, json, os, subprocess, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench
 
@@ -16,14 +16,11 @@ def compare(model_name, rounds, epochs):
     from fastai_xla.all import xla_device
     xla_device()
     learn = bench._fastai_learner(model_name).to_tpu_distributed()
-    times = {p: [] for p in SETTINGS}
-    for r in range(rounds + 1):
-        for p in SETTINGS:
+    def use(p):
+        def apply():
             for dl in learn.dls.loaders: dl.prefetch = p
-            timer = bench._Timer()
-            with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
-            if r: times[p] += timer.times[1:]
-    return {p: statistics.median(t) for p, t in times.items()}
+        return apply
+    return bench.alternate_fits(learn, {p: use(p) for p in SETTINGS}, rounds, epochs)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

@@ -10,7 +10,7 @@
 One process per model, the models and data of bench.py; the two settings alternate for
 `--rounds` fits of 3 epochs (epochs after the first of each fit count), so that a slow spell
 of this shared machine hits both. Prints one table."""
-import argparse, json, os, statistics, subprocess, sys, time, timeit
+import argparse, json, os, subprocess, sys, time, timeit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench
 
@@ -18,16 +18,6 @@ def _fit_epochs(learn, n=3):
     timer = bench._Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(n, 1e-2, cbs=timer.callback())
     return timer.times[1:]
-
-def _alternate(learn, settings:dict, rounds:int) -> dict:
-    "Median epoch time of `learn` under each setting (a function that applies it), the settings alternating."
-    times = {k: [] for k in settings}
-    for r in range(rounds + 1):
-        for k, apply in settings.items():
-            apply()
-            t = _fit_epochs(learn)
-            if r: times[k] += t
-    return {k: statistics.median(v) for k, v in times.items()}
 
 def dispatch(rounds, events):
     from fastai.learner import Learner
@@ -44,7 +34,7 @@ def dispatch(rounds, events):
         for name, f in (('fastai', _fastai_call), ('fastai_xla', lean)):
             Learner.__call__ = f
             per_event[name] = timeit.timeit(lambda: learn('after_cancel_batch'), number=events) / events
-    epochs = _alternate(learn, {'fastai': use(_fastai_call), 'fastai_xla': use(lean)}, rounds)
+    epochs = bench.alternate_fits(learn, {'fastai': use(_fastai_call), 'fastai_xla': use(lean)}, rounds)
     Learner.__call__ = lean
     return dict(per_event=per_event, epochs=epochs)
 
@@ -73,7 +63,7 @@ def whole_table(rounds):
         use(v)(); waited.update(t=0.0, n=0); _fit_epochs(learn)
         per_batch[name] = waited['t'] / waited['n']
     XLADataLoader.__iter__ = iterate
-    epochs = _alternate(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
+    epochs = bench.alternate_fits(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
     return dict(per_batch=per_batch, epochs=epochs)
 
 def main():

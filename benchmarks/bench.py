@@ -10,6 +10,9 @@ cannot take the others down) on the same data, model, batch size and optimizer:
   the same model and the same items, split and preprocessing as the fastai rows (for the
   CNN it also does fastai's batch transforms, IntToFloatTensor and Normalize, on the device);
 - `fastai_xla`: a fastai Learner with `to_tpu_distributed()`, torch Adam through OptimWrapper;
+- `fastai_xla_cached`: the same with `to_tpu_distributed(cache_items=True)`: each item made once
+  (these data sets are in memory and their item transforms are deterministic), as the
+  reference loop, which makes its tensors before it starts, does;
 - `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
 - `reference_spmd` and `fastai_xla_spmd` (with `--spmd-devices N`, default 8): the same on
   one process over N simulated XLA CPU devices (`CPU_NUM_DEVICES=N`), SPMD: the reference
@@ -23,7 +26,8 @@ Epoch time is the median over the epochs after the first (compilation happens in
 then the median over `--repeats` runs. Each measured run alternates with a run of its
 reference, and its ratio divides its epoch time by that of the reference run just before it,
 so that a slow spell of this shared machine hits both; the table gives the median of these
-paired ratios and their range. The naive row (one run) divides by the median reference."""
+paired ratios and their range (each round runs the reference, then `fastai_xla`, then
+`fastai_xla_cached`; both divide by that round's reference). The naive row (one run) divides by the median reference."""
 import argparse, json, os, statistics, subprocess, sys, time
 
 MODELS = ['mlp', 'cnn', 'tabular']
@@ -169,12 +173,12 @@ def alternate_fits(learn, settings:dict, rounds:int, epochs:int=3) -> dict:
             if r: times[k] += timer.times[1:]
     return {k: statistics.median(v) for k, v in times.items()}
 
-def run_fastai_xla(model_name, epochs, spmd=False, bs=64):
+def run_fastai_xla(model_name, epochs, spmd=False, bs=64, cache_items=False):
     from fastai_xla.all import xla_device
-    if spmd: learn = _fastai_learner(model_name, bs).to_tpu_spmd()
+    if spmd: learn = _fastai_learner(model_name, bs).to_tpu_spmd(cache_items=cache_items)
     else:
         xla_device()
-        learn = _fastai_learner(model_name, bs).to_tpu_distributed()
+        learn = _fastai_learner(model_name, bs).to_tpu_distributed(cache_items=cache_items)
     timer = _Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
@@ -197,6 +201,7 @@ def run_naive(model_name, epochs):
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
 
 RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive, fastai_cpu=run_fastai_cpu,
+               fastai_xla_cached=lambda m, e: run_fastai_xla(m, e, cache_items=True),
                reference_cpu=lambda m, e: run_reference(m, e, eager_cpu=True),
                reference_spmd=lambda m, e: run_reference(m, e, spmd=True), fastai_xla_spmd=lambda m, e: run_fastai_xla(m, e, spmd=True))
 
@@ -227,17 +232,19 @@ def combine(ss):
     return dict(ss[-1], epoch_s=statistics.median(s['epoch_s'] for s in ss))
 
 # each measured run and the reference it is divided by; the two alternate, so that a slow spell of the machine hits both
-PAIRS = {'fastai_xla': 'reference', 'fastai_cpu': 'reference_cpu', 'fastai_xla_spmd': 'reference_spmd'}
+PAIRS = {'fastai_xla': 'reference', 'fastai_xla_cached': 'reference', 'fastai_cpu': 'reference_cpu',
+         'fastai_xla_spmd': 'reference_spmd'}
 
 def paired_ratios(refs, runs):
     "The epoch time of each run over that of the reference run just before it."
     return [s['epoch_s'] / r['epoch_s'] for r, s in zip(map(summarize, refs), map(summarize, runs)) if r and s]
 
-def run_alternating(kind, model_name, a, devices=None):
-    "`a.repeats` runs of `kind` and of its reference, alternating: `{reference: [...], kind: [...]}`."
-    ref, runs = PAIRS[kind], {PAIRS[kind]: [], kind: []}
+def run_alternating(kinds, model_name, a, devices=None):
+    "`a.repeats` rounds of a run of the reference of `kinds` then one of each kind: `{reference: [...], kind: [...], ...}`."
+    ref = PAIRS[kinds[0]]
+    runs = {k: [] for k in (ref, *kinds)}
     for _ in range(a.repeats):
-        for k in (ref, kind): runs[k].append(run_child(k, model_name, a.epochs, a.timeout, devices))
+        for k in runs: runs[k].append(run_child(k, model_name, a.epochs, a.timeout, devices))
     return runs
 
 def table_rows(model_name, runs):
@@ -275,10 +282,10 @@ def main():
         return
     rows = []
     for model_name in a.models.split(','):
-        runs = run_alternating('fastai_xla', model_name, a)
+        runs = run_alternating(['fastai_xla', 'fastai_xla_cached'], model_name, a)
         if a.naive_epochs: runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
-        if a.cpu_rows: runs.update(run_alternating('fastai_cpu', model_name, a))
-        if a.spmd_devices: runs.update(run_alternating('fastai_xla_spmd', model_name, a, a.spmd_devices))
+        if a.cpu_rows: runs.update(run_alternating(['fastai_cpu'], model_name, a))
+        if a.spmd_devices: runs.update(run_alternating(['fastai_xla_spmd'], model_name, a, a.spmd_devices))
         rows += table_rows(model_name, runs)
     head = ('model', 'run', 'epoch s (median, after 1st)', 'ratio to reference (median of pairs)', 'pair ratios (min-max)',
             'compiles', 'compiles after epoch 1', 'host transfers / epoch', 'final accuracy', 'runs')

@@ -1,4 +1,4 @@
-"""What two of fastai_xla's changes to fastai's per-batch work save, each against fastai's own way.
+"""What three of fastai_xla's changes to fastai's per-batch work save, each against fastai's own way.
 
     PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 8] [--events 3000]
 
@@ -6,8 +6,10 @@
   the learner handles, with fastai's dispatch and with fastai_xla's; then MLP epochs with each;
 - whole-table tabular batches (`nbs/02_data.ipynb`): host time the training loop spends
   waiting for the next batch, and tabular epochs, with fastai's batches (`whole_table=False`)
-  and with the whole table.
-One process per model, the models and data of bench.py; the two settings alternate for
+  and with the whole table;
+- cached items (`XLADataLoader(cache_items=True)`, `nbs/02_data.ipynb`): the same two measures
+  for the CNN's digits images, each item made every epoch (fastai's way) or once.
+One process per change, the models and data of bench.py; the two settings alternate for
 `--rounds` fits of 3 epochs (epochs after the first of each fit count), so that a slow spell
 of this shared machine hits both. Prints one table."""
 import argparse, json, os, subprocess, sys, time, timeit
@@ -38,10 +40,11 @@ def dispatch(rounds, events):
     Learner.__call__ = lean
     return dict(per_event=per_event, epochs=epochs)
 
-def whole_table(rounds):
+def loader_setting(model, attr, rounds):
+    "Loop wait per batch and epoch time of `model` with the loaders' `attr` off (fastai's way) and on."
     from fastai_xla.all import xla_device, XLADataLoader
     xla_device()
-    learn = bench._fastai_learner('tabular').to_tpu_distributed()
+    learn = bench._fastai_learner(model).to_tpu_distributed()
     waited = {'t': 0.0, 'n': 0}
     iterate = XLADataLoader.__iter__
     def timed(self):                       # the time `next()` takes in the training loop
@@ -56,15 +59,19 @@ def whole_table(rounds):
     per_batch, epochs = {}, {}
     def use(v):
         def apply():
-            for dl in learn.dls.loaders: dl.whole_table = v
+            for dl in learn.dls.loaders: setattr(dl, attr, v)
         return apply
-    _fit_epochs(learn, 1)
+    for v in (True, False): use(v)(); _fit_epochs(learn, 1)       # (the cache, if any, is made here)
     for name, v in (('fastai', False), ('fastai_xla', True)):
         use(v)(); waited.update(t=0.0, n=0); _fit_epochs(learn)
         per_batch[name] = waited['t'] / waited['n']
     XLADataLoader.__iter__ = iterate
     epochs = bench.alternate_fits(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
     return dict(per_batch=per_batch, epochs=epochs)
+
+CHILDREN = dict(dispatch=lambda a: dispatch(a.rounds, a.events),
+                whole_table=lambda a: loader_setting('tabular', 'whole_table', a.rounds),
+                cache_items=lambda a: loader_setting('cnn', 'cache_items', a.rounds))
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -73,22 +80,24 @@ def main():
     p.add_argument('--child')
     a = p.parse_args()
     if a.child:
-        res = dispatch(a.rounds, a.events) if a.child == 'dispatch' else whole_table(a.rounds)
+        res = CHILDREN[a.child](a)
         print('RESULT ' + json.dumps(res), flush=True)
         return
     env = dict(os.environ, PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
     res = {}
-    for child in ('dispatch', 'whole_table'):
+    for child in CHILDREN:
         out = subprocess.run([sys.executable, __file__, '--child', child, '--rounds', str(a.rounds), '--events', str(a.events)],
                              capture_output=True, text=True, env=env)
         lines = [l for l in out.stdout.splitlines() if l.startswith('RESULT ')]
         if not lines: sys.exit(f'{child} failed: ' + (out.stderr.strip().splitlines() or ['no output'])[-1])
         res[child] = json.loads(lines[-1][7:])
-    d, w = res['dispatch'], res['whole_table']
+    d, w, c = res['dispatch'], res['whole_table'], res['cache_items']
     rows = [('lean event dispatch', 'mlp', 'us per event no callback handles', d['per_event'], 1e6),
             ('lean event dispatch', 'mlp', 'epoch ms', d['epochs'], 1e3),
             ('whole-table batches', 'tabular', 'us the loop waits per batch', w['per_batch'], 1e6),
-            ('whole-table batches', 'tabular', 'epoch ms', w['epochs'], 1e3)]
+            ('whole-table batches', 'tabular', 'epoch ms', w['epochs'], 1e3),
+            ('cached items', 'cnn', 'us the loop waits per batch', c['per_batch'], 1e6),
+            ('cached items', 'cnn', 'epoch ms', c['epochs'], 1e3)]
     print("| change | model | measure | fastai's way | fastai_xla | fastai_xla / fastai's way |\n|---|---|---|---|---|---|")
     for change, model, what, v, scale in rows:
         print(f"| {change} | {model} | {what} | {v['fastai']*scale:.1f} | {v['fastai_xla']*scale:.1f} | {v['fastai_xla']/v['fastai']:.2f} |")

@@ -21,8 +21,9 @@ from .pickling import *
 from .data import *
 
 # %% auto #0
-__all__ = ['move_model', 'rebind_optimizer', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host', 'gather_in_order', 'phase_items',
-           'handles', 'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
+__all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host',
+           'gather_in_order', 'phase_items', 'handles', 'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback',
+           'xla_dataloaders', 'is_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #18b28c2b
 def move_model(model, device) -> dict:
@@ -73,6 +74,12 @@ def rebind_optimizer(opt, model, moved:dict, splitter=None):
         for p, n in zip(ps, nps):
             if id(p) in by_id: state[n] = _state_to(by_id[id(p)], n)
     _set_opt_params(opt, new_lists, state)
+
+# %% ../nbs/03_callback.ipynb #52176586
+def prefer_foreach(opt):
+    "Use torch's `foreach` implementation in the groups of the torch optimizer that `opt` wraps where `foreach` is unset."
+    for group in getattr(getattr(opt, 'opt', None), 'param_groups', []):
+        if 'foreach' in group and group['foreach'] is None: group['foreach'] = True
 
 # %% ../nbs/03_callback.ipynb #5d3bdfc7
 class DeviceSmoothLoss(AvgSmoothLoss):
@@ -168,7 +175,7 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #620a3a15
+# %% ../nbs/03_callback.ipynb #e3b8d6e2
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -182,6 +189,7 @@ class TPUCallback(Callback):
         moved = move_model(self.model, self.device)
         if getattr(self.learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
+            prefer_foreach(self.opt)
         if replica_count() > 1:   # every replica starts from the master's weights
             with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()))
         if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):

@@ -1,4 +1,4 @@
-"""What three of fastai_xla's changes to fastai's per-batch work save, each against fastai's own way.
+"""What four of fastai_xla's changes to fastai's per-batch work save, each against fastai's own way.
 
     PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 8] [--events 3000]
 
@@ -8,7 +8,10 @@
   waiting for the next batch, and tabular epochs, with fastai's batches (`whole_table=False`)
   and with the whole table;
 - cached items (`XLADataLoader(cache_items=True)`, `nbs/02_data.ipynb`): the same two measures
-  for the CNN's digits images, each item made every epoch (fastai's way) or once.
+  for the CNN's digits images, each item made every epoch (fastai's way) or once;
+- torch's `foreach` optimizer step (`nbs/03_callback.ipynb`): host CPU time of torch Adam's
+  step per training step on the CNN (14 tensors), per parameter (`foreach=False`, torch's
+  choice off CUDA) and with `foreach`, then CNN epochs with each.
 One process per change, the models and data of bench.py; the two settings alternate for
 `--rounds` fits of 3 epochs (epochs after the first of each fit count), so that a slow spell
 of this shared machine hits both. Prints one table."""
@@ -69,9 +72,35 @@ def loader_setting(model, attr, rounds):
     epochs = bench.alternate_fits(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
     return dict(per_batch=per_batch, epochs=epochs)
 
+def foreach_step(rounds):
+    "Host CPU time of the optimizer step, and epoch time, with torch Adam's per-parameter and `foreach` implementations."
+    from fastai_xla.all import xla_device
+    xla_device()
+    learn = bench._fastai_learner('cnn').to_tpu_distributed()
+    _fit_epochs(learn, 1)
+    torch_opt, spent = learn.opt.opt, {'t': 0.0, 'n': 0}
+    step = torch_opt.step
+    def timed_step(*args, **kwargs):
+        t = time.thread_time(); res = step(*args, **kwargs)
+        spent['t'] += time.thread_time() - t; spent['n'] += 1
+        return res
+    def use(v):
+        def apply():
+            for g in learn.opt.opt.param_groups: g['foreach'] = v
+        return apply
+    per_step = {}
+    torch_opt.step = timed_step
+    for name, v in (('fastai', False), ('fastai_xla', True)):
+        use(v)(); spent.update(t=0.0, n=0); _fit_epochs(learn)
+        per_step[name] = spent['t'] / spent['n']
+    del torch_opt.step
+    epochs = bench.alternate_fits(learn, {'fastai': use(False), 'fastai_xla': use(True)}, rounds)
+    return dict(per_step=per_step, epochs=epochs)
+
 CHILDREN = dict(dispatch=lambda a: dispatch(a.rounds, a.events),
                 whole_table=lambda a: loader_setting('tabular', 'whole_table', a.rounds),
-                cache_items=lambda a: loader_setting('cnn', 'cache_items', a.rounds))
+                cache_items=lambda a: loader_setting('cnn', 'cache_items', a.rounds),
+                foreach=lambda a: foreach_step(a.rounds))
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -91,13 +120,15 @@ def main():
         lines = [l for l in out.stdout.splitlines() if l.startswith('RESULT ')]
         if not lines: sys.exit(f'{child} failed: ' + (out.stderr.strip().splitlines() or ['no output'])[-1])
         res[child] = json.loads(lines[-1][7:])
-    d, w, c = res['dispatch'], res['whole_table'], res['cache_items']
+    d, w, c, f = res['dispatch'], res['whole_table'], res['cache_items'], res['foreach']
     rows = [('lean event dispatch', 'mlp', 'us per event no callback handles', d['per_event'], 1e6),
             ('lean event dispatch', 'mlp', 'epoch ms', d['epochs'], 1e3),
             ('whole-table batches', 'tabular', 'us the loop waits per batch', w['per_batch'], 1e6),
             ('whole-table batches', 'tabular', 'epoch ms', w['epochs'], 1e3),
             ('cached items', 'cnn', 'us the loop waits per batch', c['per_batch'], 1e6),
-            ('cached items', 'cnn', 'epoch ms', c['epochs'], 1e3)]
+            ('cached items', 'cnn', 'epoch ms', c['epochs'], 1e3),
+            ('foreach optimizer step', 'cnn', 'host CPU us per Adam step', f['per_step'], 1e6),
+            ('foreach optimizer step', 'cnn', 'epoch ms', f['epochs'], 1e3)]
     print("| change | model | measure | fastai's way | fastai_xla | fastai_xla / fastai's way |\n|---|---|---|---|---|---|")
     for change, model, what, v, scale in rows:
         print(f"| {change} | {model} | {what} | {v['fastai']*scale:.1f} | {v['fastai_xla']*scale:.1f} | {v['fastai_xla']/v['fastai']:.2f} |")

@@ -343,7 +343,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #e7add499
+# %% ../nbs/03_callback.ipynb #ebfdb18b
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
     device = device or xla_device()
@@ -366,9 +366,10 @@ def to_xla(self:Learner, device=None, rank:int=0, world_size:int=1, seed:int|Non
     from fastai_xla.precision import xla_precision_cbs   # fastai's CUDA mixed precision -> XLA's
     cuda_precision = [cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision']
     xla_precision = xla_precision_cbs(cuda_precision)       # (refuses float16 before anything changes)
+    dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **dl_kwargs)   # (refuses bad loader settings, same)
     self.remove_cbs(cuda_precision)
     self.add_cbs(xla_precision)
-    self.dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **dl_kwargs)
+    self.dls = dls
     from fastai_xla.diagnostics import XLADiagnostics
     for cb in (TPUCallback, StepBoundaryCallback, XLADiagnostics):
         if not any(isinstance(c, cb) for c in self.cbs): self.add_cb(cb(device) if cb is TPUCallback else cb())

@@ -19,7 +19,7 @@ from .core import *
 # %% auto #0
 __all__ = ['device_friendly_tfms', 'split_batch_tfms', 'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader',
            'index_rows', 'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows',
-           'item_tensors', 'XLADataLoader', 'trim_batch', 'DigitToImage', 'digits_dls']
+           'loader_over', 'item_tensors', 'XLADataLoader', 'trim_batch', 'DigitToImage', 'digits_dls']
 
 # %% ../nbs/02_data.ipynb #6b0e4093
 device_friendly_tfms = [IntToFloatTensor, Normalize]
@@ -116,7 +116,7 @@ def row_batches(whole, idxs:list, bs:int, tfms):
     rows = torch.as_tensor(idxs, dtype=torch.long)
     for i in range(0, len(rows), bs): yield tfms(index_rows(whole, rows[i:i+bs]))
 
-# %% ../nbs/02_data.ipynb #d831e5e5
+# %% ../nbs/02_data.ipynb #8ac3e022
 def random_item_tfms(dl) -> list:
     "fastai's random transforms that `dl`'s item pipeline runs on its split (each epoch would draw them anew)."
     augment = sys.modules.get('fastai.vision.augment')      # (not imported: no fastai RandTransform anywhere)
@@ -152,26 +152,32 @@ def cat_rows(batches):
     if isinstance(b0, (tuple, list)): return type(b0)(cat_rows([b[i] for b in batches]) for i in range(len(b0)))
     raise TypeError(f'cache_items=True needs batches of tensors; this loader collates items into a {type(b0).__name__}.')
 
-def item_tensors(dl, num_workers:int|None=None, max_bytes:int|None=None):
-    "Every item of `dl`'s data set in index order through its item pipeline and collation: tensors with one row per item."
-    if max_bytes is None: max_bytes = available_memory() // 2
-    kw = dict(get_idxs=_ConstantIdxs(list(range(dl.n))), shuffle=False, drop_last=False, device=None, after_batch=Pipeline([]))
-    if num_workers is not None: kw['num_workers'] = num_workers
-    batches = []
-    for b in dl.new(**kw):
-        if not batches and _nbytes(b) * dl.n / max(1, find_bs(b)) > max_bytes:
-            raise MemoryError(f"cache_items=True: the {dl.n} items of this loader would take about "
-                              f"{_nbytes(b) * dl.n / find_bs(b) / 2**30:.1f} GiB, more than the {max_bytes / 2**30:.1f} GiB "
-                              "allowed (half the free memory). Do not cache this loader's items.")
-        batches.append(b)
-    return cat_rows(batches)
-
-# %% ../nbs/02_data.ipynb #b8b39582
 class _ConstantIdxs:
     "A picklable `get_idxs` that returns fixed indices."
     def __init__(self, idxs): self.idxs = idxs
     def __call__(self): return self.idxs
 
+def loader_over(dl, idxs:list, after_batch=None, num_workers:int|None=None):
+    "A copy of the fastai loader `dl` making the CPU batches of `idxs`, in order (with `after_batch` instead of its own, if given)."
+    kw = dict(get_idxs=_ConstantIdxs(idxs), shuffle=False, drop_last=False, device=None)
+    if after_batch is not None: kw['after_batch'] = after_batch
+    if num_workers is not None: kw['num_workers'] = num_workers
+    return dl.new(**kw)
+
+def item_tensors(dl, num_workers:int|None=None, max_bytes:int|None=None):
+    "Every item of `dl`'s data set in index order through its item pipeline and collation: tensors with one row per item."
+    if max_bytes is None: max_bytes = available_memory() // 2
+    batches = []
+    for b in loader_over(dl, list(range(dl.n)), Pipeline([]), num_workers):
+        need = 0 if batches else _nbytes(b) * dl.n / max(1, find_bs(b))   # estimated from the first batch, before the rest
+        if need > max_bytes:
+            raise MemoryError(f"cache_items=True: the {dl.n} items of this loader would take about {need / 2**30:.1f} GiB, "
+                              f"more than the {max_bytes / 2**30:.1f} GiB allowed (half the free memory). "
+                              "Do not cache this loader's items.")
+        batches.append(b)
+    return cat_rows(batches)
+
+# %% ../nbs/02_data.ipynb #6960ec4a
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -229,10 +235,7 @@ class XLADataLoader(GetAttr):
             if read is not None: fs = fs[1:]        # `read` has run on every row
             tfms = Pipeline(fs, split_idx=getattr(self.dl.dataset, 'split_idx', None))
             return row_batches(self._every_item(read), idxs, self.bs, tfms)
-        kw = dict(get_idxs=_ConstantIdxs(idxs), shuffle=False, drop_last=False, device=None)
-        if self.cpu_tfms is not None: kw['after_batch'] = self.cpu_tfms
-        if self.num_workers is not None: kw['num_workers'] = self.num_workers
-        return self.dl.new(**kw)
+        return loader_over(self.dl, idxs, self.cpu_tfms, self.num_workers)
 
     def _every_item(self, read=None):
         "Tensors with one row per item: the whole table `read` at once, or the items made by the loader; kept with `cache_items`."

@@ -1,50 +1,48 @@
-from pkg_resources import parse_version
-from configparser import ConfigParser
-import setuptools, shlex
-assert parse_version(setuptools.__version__)>=parse_version('36.2')
+"""Packaging for fastai_xla. Every setting lives in settings.ini (nbdev 2's layout): edit there, not here.
 
-# note: all settings are in settings.ini; edit there, not here
+Builds with any setuptools since 64 (pyproject.toml names the build system): no `pkg_resources`, which
+setuptools 81 removed, and nothing read at build time that the source distribution does not carry
+(MANIFEST.in adds settings.ini, README.md and LICENSE)."""
+from configparser import ConfigParser
+from pathlib import Path
+import shlex, setuptools
+
+here = Path(__file__).parent
 config = ConfigParser(delimiters=['='])
-config.read('settings.ini', encoding='utf-8')
+config.read(here/'settings.ini', encoding='utf-8')
 cfg = config['DEFAULT']
 
-cfg_keys = 'version description keywords author author_email'.split()
-expected = cfg_keys + "lib_name user branch license status min_python audience language".split()
-for o in expected: assert o in cfg, "missing expected setting: {}".format(o)
-setup_cfg = {o:cfg[o] for o in cfg_keys}
+expected = 'version description keywords author author_email lib_name user branch license status min_python audience language'.split()
+missing = [o for o in expected if o not in cfg]
+if missing: raise ValueError(f"settings.ini lacks the settings {missing}")
 
-licenses = {
-    'apache2': ('Apache Software License 2.0','OSI Approved :: Apache Software License'),
-    'mit': ('MIT License', 'OSI Approved :: MIT License'),
-}
-statuses = [ '0 - Pre-Planning', '1 - Planning', '2 - Pre-Alpha', '3 - Alpha',
-    '4 - Beta', '5 - Production/Stable', '6 - Mature', '7 - Inactive' ]
+statuses = ['1 - Planning', '2 - Pre-Alpha', '3 - Alpha', '4 - Beta', '5 - Production/Stable', '6 - Mature', '7 - Inactive']
 py_versions = '3.10 3.11 3.12'.split()
-
-requirements = shlex.split(cfg.get('requirements', ''))
-# torch and torch_xla are pinned as a pair by the install script (see README): torch_xla's
-# wheel does not name the torch it needs, and on TPU machines users install torch_xla[tpu].
-extras = {'dev': shlex.split(cfg.get('dev_requirements', ''))}
-lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
-min_python = cfg['min_python']
+requirements = lambda key: shlex.split(cfg.get(key, ''))
 
 setuptools.setup(
     name = cfg['lib_name'],
-    license = lic[0],
+    version = cfg['version'],
+    description = cfg['description'],
+    keywords = cfg['keywords'],
+    author = cfg['author'],
+    author_email = cfg['author_email'],
+    license = 'Apache-2.0',
     classifiers = [
-        'Development Status :: ' + statuses[int(cfg['status'])],
+        'Development Status :: ' + statuses[int(cfg['status']) - 1],
         'Intended Audience :: ' + cfg['audience'].title(),
         'Natural Language :: ' + cfg['language'].title(),
-    ] + ['Programming Language :: Python :: '+o for o in py_versions[py_versions.index(min_python):]] + (['License :: ' + lic[1] ] if lic[1] else []),
+    ] + ['Programming Language :: Python :: ' + o for o in py_versions[py_versions.index(cfg['min_python']):]],
     url = cfg['git_url'],
     packages = setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data = True,
-    install_requires = requirements,
-    extras_require = extras,
-    dependency_links = cfg.get('dep_links','').split(),
-    python_requires  = '>=' + cfg['min_python'],
-    long_description = open('README.md', encoding='utf-8').read(),
+    install_requires = requirements('requirements'),
+    # torch_xla's wheels do not name the torch they need: each extra installs a pair that works together
+    extras_require = {'cpu': requirements('cpu_requirements'), 'tpu': requirements('tpu_requirements'),
+                      'dev': requirements('dev_requirements')},
+    python_requires = '>=' + cfg['min_python'],
+    long_description = (here/'README.md').read_text(encoding='utf-8'),
     long_description_content_type = 'text/markdown',
     zip_safe = False,
-    entry_points = {'nbdev': [f'{cfg.get("lib_path")}={cfg.get("lib_path")}._modidx:d']},
+    entry_points = {'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
 )

@@ -10,31 +10,58 @@ import torch
 from fastcore.basics import patch, store_attr
 
 # %% auto #0
-__all__ = ['check_torch_xla', 'tpu_chips', 'choose_pjrt_device', 'import_torch_xla', 'xla_device', 'device_kind', 'is_xla',
-           'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'XLATransport', 'GlooTransport', 'transport',
-           'replica_ordinal', 'replica_count', 'is_master', 'is_local_master', 'all_reduce_mean_', 'all_reduce_sum_',
-           'all_gather', 'broadcast_', 'broadcast_object', 'barrier', 'xla_counters', 'counters_diff']
+__all__ = ['SUPPORTED_STACKS', 'check_torch_xla', 'tpu_chips', 'choose_pjrt_device', 'import_torch_xla', 'xla_device',
+           'device_kind', 'is_xla', 'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'XLATransport',
+           'GlooTransport', 'transport', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
+           'all_reduce_mean_', 'all_reduce_sum_', 'all_gather', 'broadcast_', 'broadcast_object', 'barrier',
+           'xla_counters', 'counters_diff']
 
-# %% ../nbs/00_core.ipynb #9458b1a7
+# %% ../nbs/00_core.ipynb #fe4ae039
+# torch release -> (the torch_xla releases built for it, the torchvision release built for it)
+SUPPORTED_STACKS = {'2.9.0': (('2.9.0',), '0.24.0'),
+                    '2.8.0': (('2.8.0', '2.8.1'), '0.23.0')}
+
 def _release(version:str) -> str:
     "`'2.9.0+cu128'` -> `'2.9.0'`"
     return version.split('+')[0]
 
-def _install_hint(version:str) -> str:
-    return (f"Install the matching pair with:\n    pip install torch=={version} 'torch_xla=={version}'\n"
-            f"(on a TPU machine: pip install torch=={version} 'torch_xla[tpu]=={version}')")
+def _supported_list() -> str:
+    return '; '.join(f"torch {t} with torch_xla {' or '.join(xs)}" for t, (xs, _) in SUPPORTED_STACKS.items())
 
-def check_torch_xla():
-    "Raise an `ImportError` that says how to fix it if torch_xla is missing or does not match torch."
-    torch_version = _release(torch.__version__)
-    try: xla_version = _release(importlib.metadata.version('torch_xla'))
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"fastai_xla needs torch_xla, which is not installed (torch is {torch_version}).\n"
-                          + _install_hint(torch_version)) from None
-    if xla_version != torch_version:
-        raise ImportError(f"torch_xla {xla_version} does not match torch {torch_version}: "
-                          f"each torch_xla release works with exactly one torch release.\n" + _install_hint(xla_version))
-    return xla_version
+def _stack_for(torch_version=None, xla_version=None) -> tuple:
+    "The supported `(torch, torchvision, torch_xla)` that keeps `xla_version`, else `torch_version`, else the newest."
+    for t, (xs, vision) in SUPPORTED_STACKS.items():
+        if xla_version in xs: return t, vision, xla_version
+    t = torch_version if torch_version in SUPPORTED_STACKS else next(iter(SUPPORTED_STACKS))
+    xs, vision = SUPPORTED_STACKS[t]
+    return t, vision, xs[0]
+
+def _install_hint(torch_version=None, xla_version=None) -> str:
+    t, vision, x = _stack_for(torch_version, xla_version)
+    return (f"Install a matching stack with:\n    pip install torch=={t} torchvision=={vision} 'torch_xla=={x}'\n"
+            f"(on a TPU machine: pip install torch=={t} torchvision=={vision} 'torch_xla[tpu]=={x}')\n"
+            f"fastai_xla supports {_supported_list()}.")
+
+def check_torch_xla(torch_version:str|None=None, xla_version:str|None=None) -> str:
+    "Raise an `ImportError` that says how to fix it unless torch_xla is installed and goes with torch (default: the installed versions)."
+    torch_version = _release(torch_version or torch.__version__)
+    if xla_version is None:
+        try: xla_version = importlib.metadata.version('torch_xla')
+        except importlib.metadata.PackageNotFoundError:
+            raise ImportError(f"fastai_xla needs torch_xla, which is not installed (torch is {torch_version}).\n"
+                              + _install_hint(torch_version)) from None
+    xla_version = _release(xla_version)
+    if xla_version in SUPPORTED_STACKS.get(torch_version, ((),))[0]: return xla_version
+    if xla_version.split('.')[:2] != torch_version.split('.')[:2] or _stack_for(xla_version=xla_version)[2] == xla_version:
+        raise ImportError(f"torch_xla {xla_version} does not go with torch {torch_version}: each torch_xla release is built "
+                          f"for exactly one torch release.\n" + _install_hint(torch_version, xla_version))
+    if os.environ.get('FASTAI_XLA_UNTESTED_STACK') == '1':
+        warnings.warn(f"torch {torch_version} with torch_xla {xla_version} is not tested with fastai_xla "
+                      f"(FASTAI_XLA_UNTESTED_STACK=1); it supports {_supported_list()}.")
+        return xla_version
+    raise ImportError(f"fastai_xla is not tested with torch {torch_version} and torch_xla {xla_version}.\n"
+                      + _install_hint(torch_version, xla_version)
+                      + "\n(FASTAI_XLA_UNTESTED_STACK=1 lets this pair through, with a warning.)")
 
 # %% ../nbs/00_core.ipynb #dfecac53
 _GOOGLE_PCI_VENDOR = '0x1ae0'

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# The test command: sets everything up on a fresh machine, then runs every test twice,
-# with fastai 2.8.7 (notebook tests through nbdev_test, then pytest) and with the newest
-# fastai (notebooks through nbclient, then pytest). Runs on the CPU XLA device.
+# The test command: sets everything up on a fresh machine (scripts/env.sh), then runs the tests on
+# every supported stack, on the CPU XLA device:
+#   1. torch/torch_xla 2.9 + fastai 2.8.7 (fastcore 1): the notebooks' tests (nbdev_test), then pytest
+#   2. torch/torch_xla 2.9 + the newest fastai (fastcore 2): the notebooks (nbclient), then pytest
+#   3. Kaggle's TPU image stack, torch/torch_xla 2.8 + fastai 2.8.7 on Python 3.12, fastai_xla installed with the
+#      README's Kaggle command: the device, single-device, replica, checkpoint, launch and packaging tests, and the demo
+# Extra arguments go to every pytest run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/env.sh"
+source "$ROOT/scripts/env.sh" kaggle
 cd "$ROOT"
 export PJRT_DEVICE=CPU
-echo "== fastai $(.venv/bin/python -c 'import fastai; print(fastai.__version__)'): notebooks (nbdev_test)"
+stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
+start=$SECONDS
+echo "== 1. $(stack .venv): notebooks (nbdev_test)"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
 .venv/bin/nbdev_test --n_workers 2 --timing
-echo "== fastai $(.venv/bin/python -c 'import fastai; print(fastai.__version__)'): pytest"
+echo "== 1. $(stack .venv): pytest"
 .venv/bin/python -m pytest -m "not notebooks" "$@" tests
-echo "== fastai $(.venv-latest/bin/python -c 'import fastai; print(fastai.__version__)'): notebooks and pytest"
+echo "== 2. $(stack .venv-latest): notebooks and pytest"
 .venv-latest/bin/python -m pytest "$@" tests
+echo "== 3. $(stack .venv-kaggle): pytest"
+.venv-kaggle/bin/python -m pytest -m "not notebooks" "$@" tests/test_device.py tests/test_single_device.py \
+    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py
+echo "== 3. $(stack .venv-kaggle): the demo"
+.venv-kaggle/bin/python examples/train_digits.py --epochs 3
+echo "== all stacks passed in $(( (SECONDS - start) / 60 )) min (set-up not counted)"

@@ -6,7 +6,7 @@ Models: `mlp` (64-128-10 on the 64 pixels), `cnn` (3 conv layers on digits as 1x
 uint8 TensorImages with fastai batch transforms), `tabular` (fastai's TabularModel with 8
 embeddings and 56 continuous columns). Each row runs in its own process (a crash or an out-of-memory compiler in the naive row
 cannot take the others down) on the same data, model, batch size and optimizer:
-- `reference`: ../shared/repro/raw_torch_xla_loop.py's loop (MpDeviceLoader, torch Adam), with
+- `reference`: the hand-written torch_xla loop of `reference_loop.py` (MpDeviceLoader, torch Adam), with
   the same model and the same items, split and preprocessing as the fastai rows (for the
   CNN it also does fastai's batch transforms, IntToFloatTensor and Normalize, on the device);
 - `fastai_xla`: a fastai Learner with `to_tpu_distributed()`, torch Adam through OptimWrapper;
@@ -16,8 +16,8 @@ cannot take the others down) on the same data, model, batch size and optimizer:
 - `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
 - `reference_spmd` and `fastai_xla_spmd` (with `--spmd-devices N`, default 8): the same on
   one process over N simulated XLA CPU devices (`CPU_NUM_DEVICES=N`), SPMD: the reference
-  loop feeds MpDeviceLoader an `input_sharding` on a one-axis mesh (repro/spmd_cpu_8dev.py
-  with the loader of raw_torch_xla_loop.py); fastai_xla is `to_tpu_spmd()`. Their ratio
+  loop feeds MpDeviceLoader an `input_sharding` on a one-axis mesh (`reference_loop.py`,
+  `spmd=True`); fastai_xla is `to_tpu_spmd()`. Their ratio
   divides by the SPMD reference.
 - `reference_cpu` and `fastai_cpu` (unless `--cpu-rows 0`): the same loop and the same fastai
   Learner on PyTorch's own eager CPU device, no XLA anywhere: fastai's own cost per step
@@ -29,16 +29,9 @@ so that a slow spell of this shared machine hits both; the table gives the media
 paired ratios and their range (each round runs the reference, then `fastai_xla`, then
 `fastai_xla_cached`; both divide by that round's reference). The naive row (one run) divides by the median reference."""
 import argparse, json, os, statistics, subprocess, sys, time
+from reference_loop import train_reference, digits_tensors, xla_counters as counters
 
 MODELS = ['mlp', 'cnn', 'tabular']
-
-def digits_tensors():
-    import torch
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    X = torch.tensor(X, dtype=torch.float32)/16.; y = torch.tensor(y)
-    n = int(len(X)*0.8)
-    return X[:n], y[:n], X[n:], y[n:]
 
 def make_model(name):
     import torch.nn as nn
@@ -93,44 +86,15 @@ def reference_tensors(model_name):
         return (ct, xt), yt, (cv, xv), yv
     raise ValueError(model_name)
 
-def counters():
-    import torch_xla.debug.metrics as met
-    get = lambda k: (met.metric_data(k) or [0])[0]
-    return dict(compiles=get('CompileTime'), to_host=get('TransferFromDeviceTime'))
-
 def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False):
-    "The loop of ../shared/repro/raw_torch_xla_loop.py, timed per epoch (for images it also does the batch transforms, on the device)."
-    # eager_cpu: the same loop on PyTorch's own CPU device, without XLA (torch's DataLoader instead of MpDeviceLoader)
-    import torch, torch_xla
-    import torch_xla.distributed.parallel_loader as pl
-    input_sharding = None
+    "The hand-written loop of reference_loop.py on this model's tensors (for images it also does the batch transforms, on the device)."
+    import torch
     xt, yt, xv, yv = reference_tensors(model_name); torch.manual_seed(0)
-    if spmd:                     # repro/spmd_cpu_8dev.py: one mesh axis; the loader splits the inputs' rows over it
-        import numpy as np, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
-        xr.use_spmd(); n = xr.global_runtime_device_count()
-        mesh = xs.Mesh(np.arange(n), (n,), ('data',))
-        input_sharding = xs.ShardingSpec(mesh, ('data',) + (None,) * (xt[0].ndim - 1))
-    d = torch.device('cpu') if eager_cpu else torch_xla.device()
-    model = make_model(model_name).to(d)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    tr = torch.utils.data.TensorDataset(*xt, yt); va = torch.utils.data.TensorDataset(*xv, yv)
-    trl = torch.utils.data.DataLoader(tr, batch_size=bs, shuffle=True, drop_last=True)
-    val = torch.utils.data.DataLoader(va, batch_size=bs, drop_last=True if spmd else False)
-    if not eager_cpu: trl, val = (pl.MpDeviceLoader(dl, d, input_sharding=input_sharding) for dl in (trl, val))
-    mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
-    def prep(xs): return ((xs[0].float() / 16. - mean) / std,) if model_name == 'cnn' else xs
-    times, per_epoch, acc = [], [], None
-    for ep in range(epochs):
-        c0 = counters(); t = time.perf_counter(); model.train()
-        for *xs, yb in trl:
-            loss = torch.nn.functional.cross_entropy(model(*prep(xs)), yb); loss.backward(); opt.step(); opt.zero_grad()
-        model.eval(); correct = torch.zeros((), device=d); tot = 0
-        with torch.no_grad():
-            for *xs, yb in val:
-                correct += (model(*prep(xs)).argmax(1)==yb).sum(); tot += len(yb)
-        acc = correct.item()/tot; _ = loss.item()
-        times.append(time.perf_counter() - t); per_epoch.append({k: v - c0[k] for k, v in counters().items()})
-    return dict(times=times, per_epoch=per_epoch, accuracy=acc)
+    def image_prep(d):      # fastai's IntToFloatTensor(div=16) and Normalize, done by hand on the device
+        mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
+        return lambda x: ((x.float() / 16. - mean) / std,)
+    return train_reference(make_model(model_name), (*xt, yt), (*xv, yv), epochs, bs=bs, spmd=spmd, eager_cpu=eager_cpu,
+                           prep=image_prep if model_name == 'cnn' else None)
 
 def _fastai_learner(model_name, bs=64):
     import torch

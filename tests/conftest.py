@@ -3,6 +3,7 @@ os.environ.setdefault('PJRT_DEVICE', 'CPU')
 import pytest
 
 def pytest_configure(config):
+    config.addinivalue_line('markers', 'readme: runs the README snippets as written (slow; the first pass of scripts/test.sh only)')
     config.addinivalue_line('markers', 'notebooks: executes the notebooks in nbs/ (the first pass of scripts/test.sh runs them with nbdev_test instead)')
 
 @pytest.fixture(scope='session', autouse=True)

@@ -1,7 +1,8 @@
 """The two ways to launch, each in a fresh process as a user would run it:
 
 - script form: `xmp.spawn(train)`; on this CPU-only machine torch_xla starts one replica (the
-  real xmp.spawn and XLA-transport code path, with one participant);
+  real xmp.spawn and XLA-transport code path, with one participant), also with image files read
+  by fastai's default loader workers (forked beside the replica's XLA runtime);
 - notebook form, `learn.launch(train)`, of a function defined in `__main__` (a script run
   without any `if __name__ == '__main__'` guard), on 2 replicas over gloo (forked, and
   spawned: the function then travels pickled by value), and over xmp.spawn (1 replica here);
@@ -41,6 +42,27 @@ def test_script_form_with_xmp_spawn(tmp_path):
     assert header_count(out) == 1
     acc, world = re.search(r'FINAL ([0-9.]+) (\d+)', out).groups()
     assert float(acc) > 0.85 and world == '1'
+
+def test_script_form_with_fastai_default_workers(tmp_path):
+    "Image files through fastai's own loader workers (num_workers = every core, fastai's default) inside xmp.spawn."
+    out = run_script(tmp_path, '''
+        import torch_xla.distributed.xla_multiprocessing as xmp
+        from fastai_xla.all import *
+        from fastai.vision.all import *
+        from fastai_xla.demo import digits_folder
+
+        def train(index):
+            dls = ImageDataLoaders.from_folder(digits_folder('digits', size=16), valid_pct=0.2, seed=42, bs=64)
+            learn = Learner(dls, nn.Sequential(Flatten(), nn.Linear(3*16*16, 10)), metrics=accuracy).to_tpu_distributed()
+            learn.fit(2, 1e-2)
+            if is_master(): print('WORKERS', dls.train.fake_l.num_workers, defaults.cpus, 'FINAL', learn.recorder.values[-1][2])
+
+        if __name__ == '__main__':
+            xmp.spawn(train)
+    ''')
+    workers, default, acc = re.search(r'WORKERS (\d+) (\d+) FINAL ([0-9.]+)', out).groups()
+    assert workers == default and int(workers) > 0         # fastai's default: worker processes
+    assert float(acc) > 0.8
 
 MAIN_LAUNCH = '''
     from fastai_xla.all import *

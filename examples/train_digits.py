@@ -1,6 +1,6 @@
 """Train a fastai vision learner on scikit-learn's digits (shipped offline) on the best XLA device here.
 
-    bash scripts/demo.sh [--epochs 5] [--arch resnet18]
+    bash scripts/demo.sh [--epochs 5] [--lr 3e-3] [--bs 64]
 
 Prints which device was picked, fastai's epoch table, the final accuracy, and what the XLA
 runtime did for the whole run (compilations, executions, host<->device transfers)."""

@@ -8,3 +8,4 @@ from .checkpoint import *
 from .precision import *
 from .diagnostics import *
 from .spmd import *
+from .metrics import *

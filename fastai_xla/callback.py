@@ -21,9 +21,9 @@ from .pickling import *
 from .data import *
 
 # %% auto #0
-__all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'DeviceSmoothLoss', 'DeviceTotal', 'fetch_to_host',
-           'gather_in_order', 'phase_items', 'handles', 'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback',
-           'xla_dataloaders', 'is_xla_learner']
+__all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights', 'xla_steppers', 'DeviceSmoothLoss', 'DeviceTotal',
+           'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'handles', 'TPUCallback',
+           'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #18b28c2b
 def move_model(model, device) -> dict:
@@ -81,7 +81,19 @@ def prefer_foreach(opt):
     for group in getattr(getattr(opt, 'opt', None), 'param_groups', []):
         if 'foreach' in group and group['foreach'] is None: group['foreach'] = True
 
-# %% ../nbs/03_callback.ipynb #5d3bdfc7
+# %% ../nbs/03_callback.ipynb #ba316187
+def decay_weights(p, lr, wd, do_wd=True, **kwargs):
+    "fastai's decoupled weight decay, `p*(1 - lr*wd)`, as `p - (lr*wd)*p`: no Python number that rounds to 1 on the device."
+    if do_wd and wd != 0: p.data.add_(p.data, alpha=-lr*wd)
+
+def xla_steppers(opt):
+    "Swap fastai's `weight_decay` stepper of the fastai optimizer `opt` for `decay_weights`."
+    from fastai.optimizer import weight_decay
+    cbs = getattr(opt, 'cbs', None)
+    if cbs is not None and not isinstance(opt, OptimWrapper):
+        opt.cbs = L(decay_weights if cb is weight_decay else cb for cb in cbs)
+
+# %% ../nbs/03_callback.ipynb #f795a98e
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     def accumulate(self, learn):
@@ -109,10 +121,21 @@ class DeviceTotal:
 # the attributes of fastai's metrics that hold device tensors during a phase
 _metric_state = {AvgMetric: ('total',), AvgLoss: ('total',), AvgSmoothLoss: ('val',), AccumMetric: ('preds', 'targs')}
 
-def _state_attrs(met):
-    for cls, attrs in _metric_state.items():
-        if isinstance(met, cls): return attrs
-    return ()
+# metrics whose device state is a sum of counts (registered by `register_device_metric`): replicas add theirs, and
+# after the phase's one transfer `_host_form[cls](metric)` puts the values back in the form fastai's `value` reads
+_summed_state, _host_form = {}, {}
+
+def register_device_metric(cls, attrs, host_form=None):
+    "Have `TPUCallback` sum the device tensors `attrs` of `cls` metrics over replicas and fetch them once per phase."
+    _metric_state[cls] = _summed_state[cls] = tuple(attrs)
+    if host_form is not None: _host_form[cls] = host_form
+
+def _lookup(registry:dict, met):
+    for cls, v in registry.items():
+        if isinstance(met, cls): return v
+    return None
+
+def _state_attrs(met): return _lookup(_metric_state, met) or ()
 
 def _get(o, a): return o[a] if isinstance(a, int) else getattr(o, a)
 def _set(o, a, v):
@@ -175,7 +198,7 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #e3b8d6e2
+# %% ../nbs/03_callback.ipynb #8c9b837c
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -190,6 +213,7 @@ class TPUCallback(Callback):
         if getattr(self.learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
             prefer_foreach(self.opt)
+            xla_steppers(self.opt)
         if replica_count() > 1:   # every replica starts from the master's weights
             with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()))
         if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):
@@ -271,6 +295,9 @@ class TPUCallback(Callback):
         mets = self._phase_metrics()
         if replica_count() > 1: self._reduce_metrics(mets)
         fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
+        for m in mets:
+            host_form = _lookup(_host_form, m)
+            if host_form is not None: host_form(m)
 
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
@@ -284,6 +311,9 @@ class TPUCallback(Callback):
                 all_reduce_mean_([m.val])
             elif isinstance(m, AccumMetric) and n is not None:
                 m.preds, m.targs = [gather_in_order(m.preds, n)], [gather_in_order(m.targs, n)]
+            elif _lookup(_summed_state, m):
+                sums = [getattr(m, a) for a in _lookup(_summed_state, m)]
+                if all(isinstance(t, torch.Tensor) and is_xla(t) for t in sums): all_reduce_sum_(sums)
 
     # --- the Recorder's loss of every step: to the host in batches, a step behind the device
     def after_batch(self):

@@ -158,3 +158,28 @@ def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback():
     with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo')
     assert time.time() - t < 60
     assert 'replica 1 breaks on purpose' in str(e.value) and 'error-1' in str(e.value)
+
+SEGMENTATION_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from helpers import *
+def validate_values(learn): return [float(v) for v in learn.validate()]
+def fit_then_validate(learn):
+    learn.fit(1, 1e-2)                                            # some training: masks not all one class
+    return validate_values(learn)
+learn = segmentation_learner('seg', 'digit', [Dice(), JaccardCoeff(), DiceMulti(), JaccardCoeffMulti()])
+two = learn.launch(fit_then_validate, nprocs=2, transport='gloo') # forked: this process never started XLA
+one = validate_values(learn)          # the weights that came back, on one eager CPU device, with fastai's own metrics
+print('VALUES', json.dumps(dict(two=two, one=one)))
+"""
+
+def test_segmentation_metrics_summed_over_two_replicas_equal_one_device(tmp_path):
+    "fastai's Dice, JaccardCoeff, DiceMulti, JaccardCoeffMulti counted on each replica's device, summed over 2 replicas."
+    import subprocess, sys
+    (tmp_path/'seg.py').write_text(SEGMENTATION_SCRIPT.format(tests=str(Path(__file__).parent)))
+    r = subprocess.run([sys.executable, 'seg.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout.split('VALUES ')[-1])
+    assert 0 < res['one'][3] < 1                                   # a real multi-class Dice, not a trivial one
+    test_close(res['two'], res['one'], eps=1e-4)

@@ -1,6 +1,6 @@
 """Convert between nbdev notebooks and percent-format text, for editing notebooks as plain text.
 
-    python tools/nbpct.py to-pct nbs/00_core.ipynb > /tmp/00_core.py   # edit the text...
+    python tools/nbpct.py to-pct nbs/00_core.ipynb /tmp/00_core.py     # (or > /tmp/00_core.py) edit the text...
     python tools/nbpct.py to-nb /tmp/00_core.py nbs/00_core.ipynb     # ...and write it back
 
 A cell starts at a line `# %%` (code) or `# %% [markdown]` (markdown: each line starts with `# `).
@@ -49,7 +49,10 @@ def nb_to_pct(nb):
 
 if __name__ == '__main__':
     cmd, src = sys.argv[1], Path(sys.argv[2])
-    if cmd == 'to-pct': print(nb_to_pct(json.loads(src.read_text())))
+    if cmd == 'to-pct':
+        text = nb_to_pct(json.loads(src.read_text()))
+        if len(sys.argv) > 3: Path(sys.argv[3]).write_text(text + '\n')   # (a stale copy must never be edited by mistake)
+        else: print(text)
     elif cmd == 'to-nb':
         Path(sys.argv[3]).write_text(json.dumps(pct_to_nb(src.read_text()), indent=1) + '\n')
     else: sys.exit(__doc__)

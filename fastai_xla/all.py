@@ -9,3 +9,4 @@ from .precision import *
 from .diagnostics import *
 from .spmd import *
 from .metrics import *
+from .text import *

@@ -25,13 +25,18 @@ __all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights', 
            'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'handles', 'TPUCallback',
            'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
 
-# %% ../nbs/03_callback.ipynb #18b28c2b
+# %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
-    "Move `model` to `device`; return `{id(old parameter): new parameter}`."
-    old = list(model.parameters())
+    "Move `model` to `device`, tied parameters still tied; return `{id(old parameter): new parameter}`."
+    places = [(m, name, p) for m in model.modules() for name, p in m._parameters.items() if p is not None]
     model.to(device)
-    return {id(o): n for o, n in zip(old, model.parameters())}
+    moved = {}
+    for m, name, old in places:
+        if id(old) in moved: m._parameters[name] = moved[id(old)]     # a tied parameter: its first copy, everywhere
+        else: moved[id(old)] = m._parameters[name]
+    return moved
 
+# %% ../nbs/03_callback.ipynb #68c9a656
 def _opt_param_lists(opt):
     return [list(pg) for pg in opt.param_lists]
 

@@ -17,10 +17,11 @@ from fastai.data.transforms import IntToFloatTensor, Normalize
 from .core import *
 
 # %% auto #0
-__all__ = ['device_friendly_tfms', 'split_batch_tfms', 'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader',
-           'index_rows', 'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows',
-           'forking_workers', 'loader_over', 'item_tensors', 'XLADataLoader', 'trim_batch', 'DigitToImage',
-           'digits_dls']
+__all__ = ['device_friendly_tfms', 'batch_shapers', 'replica_sources', 'split_batch_tfms', 'n_batches', 'shard_idxs',
+           'background', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms',
+           'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors',
+           'register_batch_shaper', 'register_replica_source', 'replica_source', 'XLADataLoader', 'trim_batch',
+           'DigitToImage', 'digits_dls']
 
 # %% ../nbs/02_data.ipynb #6b0e4093
 device_friendly_tfms = [IntToFloatTensor, Normalize]
@@ -191,7 +192,24 @@ def item_tensors(dl, num_workers:int|None=None, max_bytes:int|None=None):
         batches.append(b)
     return cat_rows(batches)
 
-# %% ../nbs/02_data.ipynb #6960ec4a
+# %% ../nbs/02_data.ipynb #3d15f59c
+batch_shapers, replica_sources = [], []
+
+def register_batch_shaper(f):
+    "Run `f(xla_dl, order, batches) -> batches` over the CPU batches of every `XLADataLoader`."
+    if f not in batch_shapers: batch_shapers.append(f)
+    return f
+
+def register_replica_source(f):
+    "Let `f(dl, world_size)` give the loader the replicas of `dl` share out (`None`: `dl` itself)."
+    if f not in replica_sources: replica_sources.append(f)
+    return f
+
+def replica_source(dl, world_size:int=1):
+    "The fastai loader whose items `world_size` replicas of `dl` share out: the first registered source's, else `dl`."
+    return next((src for f in replica_sources if (src := f(dl, world_size)) is not None), dl)
+
+# %% ../nbs/02_data.ipynb #1e538e94
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -201,14 +219,15 @@ class XLADataLoader(GetAttr):
     _default = 'dl'
     def __init__(self, dl, device=None, rank:int=0, world_size:int=1, seed:int|None=None,
                  batch_tfms_on:str='auto', prefetch:int|None=None, num_workers:int|None=None, sharding=None,
-                 whole_table:bool=True, cache_items:bool=False):
+                 whole_table:bool=True, cache_items:bool=False, seq_buckets:list|None=None):
         if isinstance(dl, XLADataLoader): dl = dl.dl
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
                              f"(got bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}).")
         if seed is None: seed = random.randint(0, 2**31)
         if cache_items: check_cacheable(dl)
-        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items')
+        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items,seq_buckets')
+        self.source = replica_source(dl, world_size)   # the loader whose items are shared out (usually `dl`)
         self._items = None         # with cache_items: every item, one row each (made when first iterated)
         self.device = device or xla_device()
         if prefetch is None: self.prefetch = 0 if device_kind() == 'CPU' else 2   # see "The background copy"
@@ -220,12 +239,12 @@ class XLADataLoader(GetAttr):
             self.device_tfms = Pipeline(copylib.deepcopy(dev_fs))
             _move_tfms_to(self.device_tfms, self.device)
 
-    def __len__(self): return n_batches(self.dl.n, self.dl.bs, self.world_size, self.pad)
+    def __len__(self): return n_batches(self.source.n, self.bs, self.world_size, self.pad)
     @property
     def n(self):
         "Real items this replica sees in one epoch."
-        if self.pad: return len(range(self.rank, self.dl.n, self.world_size))
-        return len(self) * self.dl.bs
+        if self.pad: return len(range(self.rank, self.source.n, self.world_size))
+        return len(self) * self.bs
     @property
     def bs(self): return self.dl.bs
     @property
@@ -238,23 +257,24 @@ class XLADataLoader(GetAttr):
     def epoch_order(self, epoch:int|None=None) -> list:
         "The item order of `epoch`, the same on every replica (see \"One epoch order for every replica\")."
         seed = self.seed + (self.epoch if epoch is None else epoch)
-        self.dl.rng = random.Random(seed)
-        with numpy_seeded(seed): return list(self.dl.get_idxs())
+        self.source.rng = random.Random(seed)
+        with numpy_seeded(seed): return list(self.source.get_idxs())
 
     def _cpu_batches(self, idxs):
         "The CPU batches of `idxs`, in order: rows of tensors of every item (cached items, fastai's tabular loader), else a copy of the wrapped loader's."
-        fs = list(self.cpu_tfms.fs if self.cpu_tfms is not None else getattr(self.dl.after_batch, 'fs', []))
-        read = tabular_reader(self.dl, fs) if self.whole_table else None
+        src = self.source
+        fs = list(self.cpu_tfms.fs if self.cpu_tfms is not None else getattr(src.after_batch, 'fs', []))
+        read = tabular_reader(src, fs) if self.whole_table else None
         if read is not None or self.cache_items:
             if read is not None: fs = fs[1:]        # `read` has run on every row
-            tfms = Pipeline(fs, split_idx=getattr(self.dl.dataset, 'split_idx', None))
+            tfms = Pipeline(fs, split_idx=getattr(src.dataset, 'split_idx', None))
             return row_batches(self._every_item(read), idxs, self.bs, tfms)
-        return loader_over(self.dl, idxs, self.cpu_tfms, self.num_workers)
+        return loader_over(src, idxs, self.cpu_tfms, self.num_workers)
 
     def _every_item(self, read=None):
         "Tensors with one row per item: the whole table `read` at once, or the items made by the loader; kept with `cache_items`."
         if self._items is not None: return self._items
-        whole = read(self.dl.dataset) if read is not None else item_tensors(self.dl, self.num_workers)
+        whole = read(self.source.dataset) if read is not None else item_tensors(self.source, self.num_workers)
         if self.cache_items: self._items = whole
         return whole
 
@@ -262,9 +282,12 @@ class XLADataLoader(GetAttr):
     def __setstate__(self, d): self.__dict__.update(d, _items=None)
 
     def __iter__(self):
-        idxs, _ = shard_idxs(self.epoch_order(), self.bs, self.rank, self.world_size, self.pad)
+        order = self.epoch_order()
+        idxs, _ = shard_idxs(order, self.bs, self.rank, self.world_size, self.pad)
         self.epoch += 1
-        for b in background(self._cpu_batches(idxs), self._to_device, self.prefetch):
+        batches = self._cpu_batches(idxs)
+        for shape in batch_shapers: batches = shape(self, order, batches)
+        for b in background(batches, self._to_device, self.prefetch):
             yield self._apply_device_tfms(b) if self.device_tfms is not None else b
 
     def _apply_device_tfms(self, b):
@@ -287,10 +310,11 @@ class XLADataLoader(GetAttr):
     def new(self, dataset=None, cls=None, **kwargs):
         "A new `XLADataLoader` around `self.dl.new(dataset, cls, **kwargs)`, same replica and settings."
         kwargs.pop('device', None)
-        return XLADataLoader(self.dl.new(dataset, cls, **kwargs), device=self.device, rank=self.rank,
+        if cls is not None: kwargs['cls'] = cls     # (fastai's SortedDL.new takes it only by name)
+        return XLADataLoader(self.dl.new(dataset, **kwargs), device=self.device, rank=self.rank,
                              world_size=self.world_size, seed=self.seed, batch_tfms_on=self.batch_tfms_on,
                              prefetch=self.prefetch, num_workers=self.num_workers, sharding=self.sharding,
-                             whole_table=self.whole_table, cache_items=self.cache_items)
+                             whole_table=self.whole_table, cache_items=self.cache_items, seq_buckets=self.seq_buckets)
 
     def one_batch(self):
         "The first batch of this replica, on the device, without padding rows."

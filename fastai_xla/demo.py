@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['make_once', 'digits_arrays', 'digits_folder', 'digits_segmentation_folder', 'digit_mask_path', 'segmentation_codes']
+__all__ = ['docstring_sources', 'make_once', 'digits_arrays', 'digits_folder', 'digits_segmentation_folder', 'digit_mask_path',
+           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv']
 
 # %% ../nbs/09_demo.ipynb #94c658e7
 def make_once(path, write) -> Path:
@@ -71,3 +72,47 @@ def digit_mask_path(image_file) -> Path:
 def segmentation_codes(classes:str='ink') -> list:
     "The names of the mask values of `digits_segmentation_folder(classes=...)`."
     return ['background', 'ink'] if classes == 'ink' else ['background'] + [f'digit {i}' for i in range(10)]
+
+# %% ../nbs/09_demo.ipynb #c7e0ca27
+docstring_sources = {
+    'numpy': ['numpy', 'numpy.ndarray', 'numpy.linalg', 'numpy.random', 'numpy.fft', 'numpy.ma'],
+    'pandas': ['pandas', 'pandas.DataFrame', 'pandas.Series', 'pandas.Index', 'pandas.Timestamp'],
+    'torch': ['torch', 'torch.nn', 'torch.nn.functional', 'torch.Tensor', 'torch.linalg'],
+    'python': ['os', 'os.path', 'string', 're', 'itertools', 'functools', 'collections', 'pathlib', 'shutil', 'json',
+               'math', 'builtins.str', 'builtins.list', 'builtins.dict', 'random', 'typing', 'inspect', 'subprocess',
+               'threading', 'datetime']}
+
+def _namespace(name:str):
+    import importlib
+    try: return importlib.import_module(name)
+    except ImportError:
+        mod, _, attr = name.rpartition('.')
+        return getattr(importlib.import_module(mod), attr)
+
+def docstring_texts(name:str, max_words:int=150) -> list:
+    "The first two paragraphs of the docstrings of the public callables of the module or class `name`, whitespace collapsed."
+    import inspect, warnings
+    ns, texts = _namespace(name), set()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for attr in dir(ns):
+            if attr.startswith('_'): continue
+            try: obj = getattr(ns, attr)
+            except Exception: continue
+            if not callable(obj): continue
+            doc = inspect.getdoc(obj)
+            if not doc: continue
+            words = ' '.join(' '.join(p.split()) for p in doc.split('\n\n')[:2]).split()[:max_words]
+            if len(words) >= 4: texts.add(' '.join(words))
+    return sorted(texts)
+
+def docstrings_frame():
+    "A data frame of docstrings (`text`) and the library they document (`label`); texts found in two libraries are left out."
+    import pandas as pd
+    rows = [(t, label) for label, names in docstring_sources.items() for name in names for t in docstring_texts(name)]
+    return pd.DataFrame(rows, columns=['text', 'label']).drop_duplicates('text', keep=False).reset_index(drop=True)
+
+def docstrings_csv(path='docstrings.csv') -> Path:
+    "`docstrings_frame()` written to the CSV file `path` (once; several processes may race)."
+    path = Path(path)
+    return make_once(path.parent/f'{path.name}.d', lambda tmp: docstrings_frame().to_csv(tmp/path.name, index=False))/path.name

@@ -4,7 +4,7 @@
 #   1. torch/torch_xla 2.9 + fastai 2.8.7 (fastcore 1): the notebooks' tests (nbdev_test), then pytest (with the
 #      README's snippets, run as written)
 #   2. torch/torch_xla 2.9 + the newest fastai (fastcore 2): the notebooks (nbclient), then pytest (not the README's
-#      snippets again)
+#      snippets nor the end-to-end text tests again: the text notebook runs here, and CI has 90 minutes)
 #   3. Kaggle's TPU image stack, torch/torch_xla 2.8 + fastai 2.8.7 on Python 3.12, fastai_xla installed with the
 #      README's Kaggle command: the device, single-device, replica, checkpoint, launch and packaging tests, and the demo
 # Extra arguments go to every pytest run.
@@ -22,7 +22,7 @@ git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nb
 echo "== 1. $(stack .venv): pytest"
 .venv/bin/python -m pytest -m "not notebooks" "$@" tests
 echo "== 2. $(stack .venv-latest): notebooks and pytest"
-.venv-latest/bin/python -m pytest -m "not readme" "$@" tests
+.venv-latest/bin/python -m pytest -m "not readme and not text" "$@" tests
 echo "== 3. $(stack .venv-kaggle): pytest"
 .venv-kaggle/bin/python -m pytest -m "not notebooks" "$@" tests/test_device.py tests/test_single_device.py \
     tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py

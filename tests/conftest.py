@@ -4,6 +4,7 @@ import pytest
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'readme: runs the README snippets as written (slow; the first pass of scripts/test.sh only)')
+    config.addinivalue_line('markers', 'text: fastai text learners end to end (slow; the first pass of scripts/test.sh only, the second runs nbs/11_text)')
     config.addinivalue_line('markers', 'notebooks: executes the notebooks in nbs/ (the first pass of scripts/test.sh runs them with nbdev_test instead)')
 
 @pytest.fixture(scope='session', autouse=True)

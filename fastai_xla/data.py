@@ -209,7 +209,7 @@ def replica_source(dl, world_size:int=1):
     "The fastai loader whose items `world_size` replicas of `dl` share out: the first registered source's, else `dl`."
     return next((src for f in replica_sources if (src := f(dl, world_size)) is not None), dl)
 
-# %% ../nbs/02_data.ipynb #1e538e94
+# %% ../nbs/02_data.ipynb #77fba839
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -284,11 +284,11 @@ class XLADataLoader(GetAttr):
     def __iter__(self):
         order = self.epoch_order()
         idxs, _ = shard_idxs(order, self.bs, self.rank, self.world_size, self.pad)
-        self.epoch += 1
         batches = self._cpu_batches(idxs)
         for shape in batch_shapers: batches = shape(self, order, batches)
         for b in background(batches, self._to_device, self.prefetch):
             yield self._apply_device_tfms(b) if self.device_tfms is not None else b
+        self.epoch += 1     # only a whole pass: one cut short (`one_batch`) on one replica changes nothing
 
     def _apply_device_tfms(self, b):
         "Run the device transforms, keeping each stage's output alive until the next batch (see below)."

@@ -56,17 +56,27 @@ def train_and_report(learn, out_dir, epochs=2, lr=1e-2, extra_cbs=()):
     Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(report))
     return dict(preds=preds, targs=targs)
 
+class MasterLooksAtBatches(Callback):
+    "After every epoch replica 0 alone takes one batch of each loader (as `learn.summary()` or `show_batch` would)."
+    def after_epoch(self):
+        if replica_ordinal() == 0:
+            for dl in self.dls.loaders: dl.one_batch()
+
+def train_with_master_looking(learn, out_dir):
+    return train_and_report(learn, out_dir, extra_cbs=[MasterLooksAtBatches()])
+
 def reports(out_dir): return [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob('replica-*.json'))]
 
 @pytest.fixture(scope='module')
 def two_replicas(tmp_path_factory):
-    "One 2-replica run shared by several tests: fit 2 epochs, get_preds, per-replica reports."
+    "One 2-replica run shared by several tests: fit 2 epochs (replica 0 alone takes a batch after each), get_preds, per-replica reports."
     out = tmp_path_factory.mktemp('two')
     learn = indexed_learner(bs=32)
-    res = learn.launch(train_and_report, str(out), nprocs=2, transport='gloo')
+    res = learn.launch(train_with_master_looking, str(out), nprocs=2, transport='gloo')
     return learn, res, reports(out)
 
 def test_shards_are_disjoint_and_cover_the_data(two_replicas):
+    "In every epoch, though replica 0 alone took a batch of each loader after the first (it once shifted its epoch order)."
     learn, res, reps = two_replicas
     assert [r['rank'] for r in reps] == [0, 1] and all(r['world'] == 2 for r in reps)
     n_train, n_valid = len(learn.dls.train_ds), len(learn.dls.valid_ds)

@@ -203,7 +203,7 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #8c9b837c
+# %% ../nbs/03_callback.ipynb #45fe7d7d
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -220,7 +220,7 @@ class TPUCallback(Callback):
             prefer_foreach(self.opt)
             xla_steppers(self.opt)
         if replica_count() > 1:   # every replica starts from the master's weights
-            with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()))
+            with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()), what='weights broadcast at the start of fit')
         if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):
             self.learn.add_cb(RestoreAfterLRFind(self.model, self.opt))
         rec = getattr(self.learn, 'recorder', None)
@@ -286,7 +286,9 @@ class TPUCallback(Callback):
     def after_validate(self):
         self._end_phase()
         n = phase_items(self.learn.dl)
-        for cb in self.learn.cbs.filter(lambda c: isinstance(c, GatherPredsCallback)):
+        gathers = self.learn.cbs.filter(lambda c: isinstance(c, GatherPredsCallback))
+        if gathers and n is not None and replica_count() > 1: meet('predictions gather in get_preds')
+        for cb in gathers:
             for a in ('preds', 'targets', 'inputs', 'losses'):
                 chunks = [c for c in getattr(cb, a, []) if not (isinstance(c, tuple) and len(c) == 0)]
                 if hasattr(cb, a) and n is not None:
@@ -306,6 +308,7 @@ class TPUCallback(Callback):
 
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
+        meet(f"metric reduction at the end of {'training' if self.learn.training else 'validation'}")
         n = phase_items(self.learn.dl)
         for m in mets:
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):

@@ -14,7 +14,8 @@ __all__ = ['SUPPORTED_STACKS', 'check_torch_xla', 'tpu_chips', 'choose_pjrt_devi
            'device_kind', 'is_xla', 'check_autograd', 'step_boundary', 'to_xla', 'to_host', 'XLATransport',
            'GlooTransport', 'transport', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
            'all_reduce_mean_', 'all_reduce_sum_', 'all_gather', 'broadcast_', 'broadcast_object', 'barrier',
-           'xla_counters', 'counters_diff']
+           'ReplicasDiverged', 'collective_timeout', 'set_meeting_store', 'meeting_store', 'tell_replicas',
+           'replica_failure', 'meet', 'xla_counters', 'counters_diff']
 
 # %% ../nbs/00_core.ipynb #fe4ae039
 # torch release -> (the torch_xla releases built for it, the torchvision release built for it)
@@ -267,7 +268,7 @@ def transport():
     if name not in _transports: raise ValueError(f"FASTAI_XLA_TRANSPORT must be one of {list(_transports)}, not {name!r}")
     return _transports[name]
 
-# %% ../nbs/00_core.ipynb #b9da8a85
+# %% ../nbs/00_core.ipynb #e01bb7a2
 def replica_ordinal() -> int:
     "The ordinal of this replica among all replicas (0 is the master)."
     return transport().ordinal()
@@ -282,30 +283,121 @@ def is_local_master() -> bool:
     "Is this the first replica of its host? (On one host: the master. On a pod: one per host, for per-host files.)"
     return transport().local_ordinal() == 0
 
-def all_reduce_mean_(tensors):
-    "Replace each tensor by its mean over all replicas (in place; nothing to do for one replica)."
+def all_reduce_mean_(tensors, what:str|None=None):
+    "Replace each tensor by its mean over all replicas (in place; nothing to do for one replica). `what`: see `meet`."
     n = replica_count()
-    if n > 1: transport().all_reduce_sum(tensors, scale=1.0/n)
+    if n > 1:
+        if what: meet(what)
+        transport().all_reduce_sum(tensors, scale=1.0/n)
 
-def all_reduce_sum_(tensors):
+def all_reduce_sum_(tensors, what:str|None=None):
     "Replace each tensor by its sum over all replicas (in place)."
-    if replica_count() > 1: transport().all_reduce_sum(tensors)
+    if replica_count() > 1:
+        if what: meet(what)
+        transport().all_reduce_sum(tensors)
 
-def all_gather(t):
+def all_gather(t, what:str|None=None):
     "`t` from every replica, stacked along a new first dimension."
-    return transport().all_gather(t) if replica_count() > 1 else t[None]
+    if replica_count() == 1: return t[None]
+    if what: meet(what)
+    return transport().all_gather(t)
 
-def broadcast_(tensors, src:int=0):
+def broadcast_(tensors, src:int=0, what:str|None=None):
     "Copy the master's values of `tensors` into every replica's (in place)."
-    if replica_count() > 1: transport().broadcast_(tensors, src)
+    if replica_count() > 1:
+        if what: meet(what)
+        transport().broadcast_(tensors, src)
 
 def broadcast_object(obj, src:int=0, tag:str='broadcast'):
     "The master's `obj` (picklable), on every replica."
-    return transport().broadcast_object(obj, src, tag) if replica_count() > 1 else obj
+    if replica_count() == 1: return obj
+    meet(tag)
+    return transport().broadcast_object(obj, src, tag)
 
 def barrier(tag:str='barrier'):
     "Wait until every replica gets here."
-    if replica_count() > 1: transport().barrier(tag)
+    if replica_count() > 1:
+        meet(tag)
+        transport().barrier(tag)
+
+# %% ../nbs/00_core.ipynb #98c4e27c
+import time
+from types import SimpleNamespace
+
+class ReplicasDiverged(RuntimeError):
+    "Replicas are not in the same collective: one would wait for the others forever."
+
+_meetings = {}   # replica ordinal -> SimpleNamespace(store, count): on TPU v2/v3 replicas are threads of one process
+
+def collective_timeout() -> float:
+    "Seconds a replica waits for the others at a collective (`FASTAI_XLA_TIMEOUT`, default 300)."
+    return float(os.environ.get('FASTAI_XLA_TIMEOUT', 300))
+
+def set_meeting_store(store):
+    "Check this replica's collectives through `store`, a `torch.distributed` store every replica shares (`None`: no checks)."
+    _meetings[replica_ordinal()] = SimpleNamespace(store=store, count=0)
+
+def meeting_store():
+    "This replica's meeting store, or `None`."
+    m = _meetings.get(replica_ordinal()) if replica_count() > 1 else None
+    return m.store if m is not None else None
+
+_advice = ("Every collective runs on every replica: call fit, validate and get_preds on every replica (each gets the whole "
+           "result), not under `if replica_ordinal() == 0:`, and keep replica-only code (printing, plotting, files) free of them. "
+           "To get results back in one place, use `learn.launch`, which returns the master's result to the notebook.")
+
+def tell_replicas(message:str, store=None):
+    "Write `message` as this run's failure for every replica to see (the first one written stays)."
+    store = store or meeting_store()
+    if store is not None: store.compare_set('failed', '', f'{replica_ordinal()}|{message}')
+
+def replica_failure(store=None):
+    "`(ordinal, message)` of the failure a replica told the others, or `None`."
+    store = store or meeting_store()
+    if store is None or not store.check(['failed']): return None
+    rank, message = store.get('failed').decode().split('|', 1)
+    return int(rank), message
+
+def _diverged(store, message:str):
+    "Tell every replica, and raise."
+    tell_replicas(message, store)
+    raise ReplicasDiverged(message)
+
+def _last_seen(store, rank:int) -> str:
+    if not store.check([f'at/{rank}']): return 'it has not reached any collective'
+    n, what = store.get(f'at/{rank}').decode().split('|', 1)
+    return f'its last was #{n} ({what})'
+
+def meet(what:str):
+    "Before the collective `what`: wait until every replica is at the same collective, else raise `ReplicasDiverged`."
+    m = _meetings.get(replica_ordinal()) if replica_count() > 1 else None
+    if m is None or m.store is None: return
+    m.count += 1
+    import torch.distributed as dist
+    try: _meet(m.store, m.count, what)
+    except dist.DistError as e:   # the master serves the store: it has ended (its own error says why)
+        raise ReplicasDiverged(f"Replica {replica_ordinal()} lost the meeting store at collective #{m.count} ({what}): "
+                               f"the master replica, which serves it, has ended or failed ({e}).") from e
+
+def _meet(store, n:int, what:str):
+    rank, world = replica_ordinal(), replica_count()
+    store.set(f'at/{rank}', f'{n}|{what}')
+    store.set(f'{n}/{rank}', what)
+    keys = [f'{n}/{r}' for r in range(world)]
+    deadline = time.monotonic() + collective_timeout()
+    while not store.check(keys):
+        failure = replica_failure(store)
+        if failure: raise ReplicasDiverged(f'While replica {rank} waited in collective #{n} ({what}): {failure[1]}')
+        if time.monotonic() > deadline:
+            late = [r for r in range(world) if not store.check([f'{n}/{r}'])]
+            _diverged(store, f"Replica {rank} waited {collective_timeout():.0f} s (FASTAI_XLA_TIMEOUT) in collective #{n} "
+                             f"({what}); " + '; '.join(f'replica {r} did not come: {_last_seen(store, r)}' for r in late)
+                             + f'. {_advice}')
+        time.sleep(0.01)
+    whats = [store.get(k).decode() for k in keys]
+    if len(set(whats)) > 1:
+        _diverged(store, f"Replicas are in different collectives at #{n}: "
+                         + ', '.join(f'replica {r} in {w}' for r, w in enumerate(whats)) + f'. {_advice}')
 
 # %% ../nbs/00_core.ipynb #91a31b0d
 _COUNTED = dict(compiles='CompileTime', executions='ExecuteTime',

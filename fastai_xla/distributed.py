@@ -18,7 +18,8 @@ from .callback import *
 from .checkpoint import *
 
 # %% auto #0
-__all__ = ['MasterOnlyStream', 'silence_non_masters', 'local_replica_count', 'workers_per_replica', 'RelayProgressCallback']
+__all__ = ['MasterOnlyStream', 'silence_non_masters', 'local_replica_count', 'workers_per_replica', 'open_meeting_store',
+           'watch_replicas', 'RelayProgressCallback']
 
 # %% ../nbs/04_distributed.ipynb #0ccd9c83
 def _writer_is_master() -> bool:
@@ -36,7 +37,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #ae1278f0
+# %% ../nbs/04_distributed.ipynb #e9a8a577
 def local_replica_count() -> int:
     "Replicas on this host (they share its CPUs)."
     if transport().name == 'gloo': return int(os.environ.get('FASTAI_XLA_LOCAL_WORLD_SIZE', replica_count()))
@@ -58,6 +59,7 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
     device = xla_device()
     world, rank = replica_count(), replica_ordinal()
     seed = broadcast_object(random.randint(0, 2**31) if seed is None else seed, tag='fastai_xla seed')
+    if world > 1 and meeting_store() is None: watch_replicas(open_meeting_store())
     if num_workers is None:   # fastai keeps the real worker count on its inner torch loader
         num_workers = workers_per_replica(getattr(getattr(self.dls.train, 'fake_l', None), 'num_workers', 0))
     self.to_xla(device, rank=rank, world_size=world, seed=seed, num_workers=num_workers, **dl_kwargs)
@@ -67,6 +69,59 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
         self.logger = noop
     if world > 1: silence_non_masters()
     return self
+
+# %% ../nbs/04_distributed.ipynb #1086236a
+def _store_host() -> str:
+    for name in ('FASTAI_XLA_STORE_ADDR', 'FASTAI_XLA_MASTER_ADDR', 'MASTER_ADDR'):
+        if os.environ.get(name): return os.environ[name]
+    try: return socket.gethostbyname(socket.gethostname())
+    except OSError: return '127.0.0.1'
+
+def open_meeting_store():
+    "Every replica: connect to the key-value store the master opens for `meet` and failures; set it as this replica's."
+    import torch.distributed as dist, datetime
+    timeout = datetime.timedelta(seconds=collective_timeout())
+    store = dist.TCPStore(_store_host(), 0, replica_count(), True, wait_for_workers=False, timeout=timeout) if is_master() else None
+    host, port = broadcast_object((_store_host(), store.port) if store is not None else None, tag='fastai_xla meeting store')
+    if store is None: store = dist.TCPStore(host, port, replica_count(), False, timeout=timeout)
+    set_meeting_store(store)
+    return store
+
+_watched = {}   # process id -> its watchdog thread
+
+def watch_replicas(store, interval:float=0.5):
+    "Start this process's watchdog: end the process when another replica told a failure and this one did not end within the grace."
+    if os.getpid() in _watched: return _watched[os.getpid()]
+    rank, grace = replica_ordinal(), float(os.environ.get('FASTAI_XLA_FAULT_GRACE', 10))
+    def watch():
+        while True:
+            time.sleep(interval)
+            try: failure = replica_failure(store)
+            except Exception: return                         # the store is gone: the master ended
+            if failure is None or failure[0] == rank: continue
+            time.sleep(grace)                                # this replica may end by itself, with its own error
+            print(f"fastai_xla: replica {rank} stops, because {failure[1]}",
+                  file=sys.__stderr__, flush=True)
+            os._exit(1)
+    t = _watched[os.getpid()] = threading.Thread(target=watch, daemon=True, name='fastai_xla watchdog')
+    t.start()
+    return t
+
+_fastai_fit = getattr(Learner.fit, 'fastai_original', Learner.fit)
+
+@patch
+def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
+    "fastai's `fit`; on a replica of a multi-replica run, a failure is first told to the other replicas."
+    try: return _fastai_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)
+    except BaseException as e:
+        if meeting_store() is None or isinstance(e, ReplicasDiverged): raise
+        failure = replica_failure()
+        if failure is not None and failure[0] != replica_ordinal():   # another replica failed first: this is the echo
+            raise ReplicasDiverged(f"replica {replica_ordinal()} stops, because {failure[1]}") from e
+        tell_replicas(f"replica {replica_ordinal()} failed in fit:\n{''.join(traceback.format_exception(e))}")
+        raise
+
+Learner.fit.fastai_original = _fastai_fit
 
 # %% ../nbs/04_distributed.ipynb #4b58d109
 class _EventLog:
@@ -128,7 +183,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04_distributed.ipynb #aa4475c1
+# %% ../nbs/04_distributed.ipynb #b7ac70d8
 def _recorder_history(learn):
     rec = learn.recorder
     return dict(values=[list(v) for v in rec.values], losses=[float(l) for l in to_host(list(rec.losses))],
@@ -152,7 +207,7 @@ def _run_replica(job_dir):
             learn.add_cb(RelayProgressCallback(log))
             sys.stdout = _RelayStream(log)
         out = fn(learn, *args, **kwargs)
-        barrier('fastai_xla launch end')
+        barrier('the end of the function learn.launch runs')
         if is_master():
             result = dict(state=host_state(learn.model, getattr(learn, 'opt', None)), recorder=_recorder_history(learn),
                           out=out if _picklable(out) else None)

@@ -8,7 +8,7 @@ averaging, metric reduction, ordered gathering, master-only output, launch and r
 with real replicas and real collectives. What it does not cover: torch_xla's own
 in-graph collectives (`XLATransport`), which deadlock across CPU devices on torch_xla
 2.5-2.9 and need a TPU (or SPMD, see the SPMD tests)."""
-import json, os, hashlib
+import json, os, hashlib, time
 from pathlib import Path
 import pytest, torch
 from helpers import *
@@ -193,3 +193,67 @@ def test_segmentation_metrics_summed_over_two_replicas_equal_one_device(tmp_path
     res = json.loads(r.stdout.split('VALUES ')[-1])
     assert 0 < res['one'][3] < 1                                   # a real multi-class Dice, not a trivial one
     test_close(res['two'], res['one'], eps=1e-4)
+
+# --- replicas that go their own way (issue 17): a clear, named error in bounded time, never a silent hang
+
+def fit_then_master_alone_in_get_preds(learn):
+    learn.fit(1)
+    if replica_ordinal() == 0: learn.get_preds()   # replica 1 goes on to the end of the launched function
+
+def test_master_alone_in_get_preds_is_named_at_once():
+    "Both replicas raise as soon as they meet at different collectives, not after FASTAI_XLA_TIMEOUT (300 s)."
+    import time
+    learn = indexed_learner(bs=32)
+    t = time.time()
+    with pytest.raises(RuntimeError) as e: learn.launch(fit_then_master_alone_in_get_preds, nprocs=2, transport='gloo')
+    assert time.time() - t < 60, time.time() - t
+    msg = str(e.value)
+    assert 'ReplicasDiverged' in msg and 'replica 0 in weights broadcast at the start of fit' in msg, msg
+    assert 'replica 1 in the end of the function learn.launch runs' in msg and 'call fit, validate and get_preds on every replica' in msg
+
+def replica_1_late(learn):
+    if replica_ordinal() == 1: time.sleep(30)
+    learn.fit(1)
+
+def test_a_replica_that_does_not_come_is_named_after_the_timeout(monkeypatch):
+    import time
+    monkeypatch.setenv('FASTAI_XLA_TIMEOUT', '5')
+    learn = indexed_learner(bs=32)
+    t = time.time()
+    with pytest.raises(RuntimeError) as e: learn.launch(replica_1_late, nprocs=2, transport='gloo')
+    assert time.time() - t < 30 + 20, time.time() - t
+    msg = str(e.value)
+    assert 'Replica 0 waited 5 s (FASTAI_XLA_TIMEOUT) in collective #1 (weights broadcast at the start of fit)' in msg, msg
+    assert 'replica 1 did not come: it has not reached any collective' in msg, msg
+
+SCRIPT_WITH_A_FAILING_REPLICA = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import *
+from test_replicas import indexed_learner
+class BreakMidEpoch(Callback):
+    def after_batch(self):
+        if replica_ordinal() == 1 and self.iter == 5: raise ValueError('replica 1 breaks on purpose')
+learn = indexed_learner(bs=32).to_tpu_distributed()
+learn.fit(2, cbs=BreakMidEpoch())
+print('replica', replica_ordinal(), 'ended its fit')
+"""
+
+def test_a_plain_script_stops_every_replica_when_one_fails(tmp_path):
+    """Two replica processes started by hand (what a script run under xmp.spawn is, with gloo instead of torch_xla's
+    collectives, and without learn.launch's watchdog). Replica 1 raises mid-epoch while replica 0 waits for its
+    gradients: replica 0's watchdog stops it within FASTAI_XLA_FAULT_GRACE, printing replica 1's traceback. On a TPU
+    the same code runs; only the store's address travels through xm.rendezvous instead of gloo (not tested here)."""
+    import subprocess, sys, time
+    from fastai_xla.distributed import _gloo_env, _free_port
+    (tmp_path/'train.py').write_text(SCRIPT_WITH_A_FAILING_REPLICA.format(tests=str(Path(__file__).parent)))
+    port, t = _free_port(), time.time()
+    procs = [subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **_gloo_env(rank, 2, port), 'FASTAI_XLA_FAULT_GRACE': '2'}) for rank in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    took = time.time() - t
+    assert [p.returncode != 0 for p in procs] == [True, True]
+    assert 'replica 1 breaks on purpose' in outs[1][1]                                   # its own traceback
+    assert 'replica 0 stops, because replica 1 failed' in outs[0][1] and 'replica 1 breaks on purpose' in outs[0][1], outs[0][1][-3000:]
+    assert 'ended its fit' not in outs[0][0]
+    assert took < 120, took                                                              # not the 300 s gloo timeout

@@ -22,8 +22,8 @@ from .data import *
 
 # %% auto #0
 __all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights', 'xla_steppers', 'DeviceSmoothLoss', 'DeviceTotal',
-           'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'handles', 'TPUCallback',
-           'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
+           'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'is_sharded', 'handles',
+           'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
@@ -154,7 +154,7 @@ def fetch_to_host(objs_attrs):
     values = to_host([v.t if isinstance(v, DeviceTotal) else v for v in values])
     for (o, a), v in zip(pairs, values): _set(o, a, v)
 
-# %% ../nbs/03_callback.ipynb #7f6d357e
+# %% ../nbs/03_callback.ipynb #56dc5843
 def _cat(chunks):
     chunks = [c for c in chunks if c is not None]
     if not chunks: return None
@@ -165,12 +165,12 @@ def _pad_rows(t, n):
     if t.shape[0] == n: return t
     return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
 
-def gather_in_order(chunks, n_total:int):
-    "Concatenate this replica's `chunks` (rows of its strided shard), gather all replicas' and return the `n_total` rows in order."
+def gather_in_order(chunks, n_total:int, world:int|None=None):
+    "Concatenate this replica's `chunks` (rows of its strided shard), gather the `world` replicas' (default: all) and return the `n_total` rows in order."
     local = _cat(chunks)
     if local is None: return None
-    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total) for t in local)
-    world = replica_count()
+    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, world) for t in local)
+    world = replica_count() if world is None else world
     if world == 1: return local
     per = math.ceil(n_total / world)
     g = all_gather(_pad_rows(local, per))                      # [world, per, ...]
@@ -180,6 +180,10 @@ def phase_items(dl) -> int:
     "How many real items all replicas together saw in one pass of `dl`."
     if not isinstance(dl, XLADataLoader): return None
     return dl.dl.n if dl.pad else dl.n * dl.world_size
+
+def is_sharded(dl) -> bool:
+    "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
+    return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
 # %% ../nbs/03_callback.ipynb #38816c30
 def handles(cb, event_name:str) -> bool:
@@ -203,7 +207,7 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #45fe7d7d
+# %% ../nbs/03_callback.ipynb #ad6aaf6f
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -219,14 +223,22 @@ class TPUCallback(Callback):
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
             prefer_foreach(self.opt)
             xla_steppers(self.opt)
-        if replica_count() > 1:   # every replica starts from the master's weights
-            with torch.no_grad(): broadcast_(list(self.model.parameters()) + list(self.model.buffers()), what='weights broadcast at the start of fit')
         if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):
             self.learn.add_cb(RestoreAfterLRFind(self.model, self.opt))
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
             rec.smooth_loss = DeviceSmoothLoss(beta=rec.smooth_loss.beta)
             rec.smooth_loss.reset()
+
+    def before_train(self):   # the replicas train together: all of them, at the same epoch (see `meet`)
+        if is_sharded(self.learn.dl): meet(f'training epoch {self.epoch}')
+
+    def before_validate(self):
+        # buffers (BatchNorm's running statistics) follow each replica's own shard in training: every replica validates
+        # with the master's, the ones `learn.launch` returns and a checkpoint holds (parameters stay equal by themselves)
+        buffers = list(self.model.buffers())
+        if buffers and is_sharded(self.learn.dl):
+            with torch.no_grad(): broadcast_(buffers, what='buffers broadcast before validation')
 
     # --- each batch
     def before_batch(self):
@@ -287,20 +299,20 @@ class TPUCallback(Callback):
         self._end_phase()
         n = phase_items(self.learn.dl)
         gathers = self.learn.cbs.filter(lambda c: isinstance(c, GatherPredsCallback))
-        if gathers and n is not None and replica_count() > 1: meet('predictions gather in get_preds')
+        if gathers and n is not None and is_sharded(self.learn.dl): meet('predictions gather in get_preds')
         for cb in gathers:
             for a in ('preds', 'targets', 'inputs', 'losses'):
                 chunks = [c for c in getattr(cb, a, []) if not (isinstance(c, tuple) and len(c) == 0)]
                 if hasattr(cb, a) and n is not None:
                     if a == 'inputs':   # recorded before the padding was cut (and never for skipped batches)
                         chunks = [trim_batch(x, r) for x, r in zip(chunks, [r for r in self.batch_rows if r])]
-                    whole = gather_in_order(chunks, n)
+                    whole = gather_in_order(chunks, n, self.learn.dl.world_size)
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
 
     def _end_phase(self, also=()):
         mets = self._phase_metrics()
-        if replica_count() > 1: self._reduce_metrics(mets)
+        if is_sharded(self.learn.dl): self._reduce_metrics(mets)
         fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
         for m in mets:
             host_form = _lookup(_host_form, m)

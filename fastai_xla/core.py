@@ -320,7 +320,7 @@ def barrier(tag:str='barrier'):
         meet(tag)
         transport().barrier(tag)
 
-# %% ../nbs/00_core.ipynb #98c4e27c
+# %% ../nbs/00_core.ipynb #60168880
 import time
 from types import SimpleNamespace
 
@@ -343,8 +343,9 @@ def meeting_store():
     return m.store if m is not None else None
 
 _advice = ("Every collective runs on every replica: call fit, validate and get_preds on every replica (each gets the whole "
-           "result), not under `if replica_ordinal() == 0:`, and keep replica-only code (printing, plotting, files) free of them. "
-           "To get results back in one place, use `learn.launch`, which returns the master's result to the notebook.")
+           "result), not under `if replica_ordinal() == 0:` (there predict, summary, show_results and show_batch are fine: they "
+           "run on that replica alone). To get results back in one place, use `learn.launch`, which returns the master's "
+           "result to the notebook.")
 
 def tell_replicas(message:str, store=None):
     "Write `message` as this run's failure for every replica to see (the first one written stays)."

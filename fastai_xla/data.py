@@ -20,8 +20,8 @@ from .core import *
 __all__ = ['device_friendly_tfms', 'batch_shapers', 'replica_sources', 'split_batch_tfms', 'n_batches', 'shard_idxs',
            'background', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms',
            'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors',
-           'register_batch_shaper', 'register_replica_source', 'replica_source', 'XLADataLoader', 'trim_batch',
-           'DigitToImage', 'digits_dls']
+           'register_batch_shaper', 'register_replica_source', 'replica_source', 'replica_local_loaders',
+           'XLADataLoader', 'trim_batch', 'DigitToImage', 'digits_dls']
 
 # %% ../nbs/02_data.ipynb #6b0e4093
 device_friendly_tfms = [IntToFloatTensor, Normalize]
@@ -209,7 +209,18 @@ def replica_source(dl, world_size:int=1):
     "The fastai loader whose items `world_size` replicas of `dl` share out: the first registered source's, else `dl`."
     return next((src for f in replica_sources if (src := f(dl, world_size)) is not None), dl)
 
-# %% ../nbs/02_data.ipynb #77fba839
+# %% ../nbs/02_data.ipynb #fa4d22a1
+_replica_local = threading.local()   # (replicas can be threads of one process)
+
+@contextmanager
+def replica_local_loaders():
+    "Inside: `XLADataLoader.new` makes loaders of the whole data for this replica alone (not sharded)."
+    before = getattr(_replica_local, 'on', False)
+    _replica_local.on = True
+    try: yield
+    finally: _replica_local.on = before
+
+# %% ../nbs/02_data.ipynb #6f548f8a
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -308,11 +319,12 @@ class XLADataLoader(GetAttr):
         return to_detach(b, cpu=False, gather=False)
 
     def new(self, dataset=None, cls=None, **kwargs):
-        "A new `XLADataLoader` around `self.dl.new(dataset, cls, **kwargs)`, same replica and settings."
+        "A new `XLADataLoader` around `self.dl.new(dataset, cls, **kwargs)`, same replica and settings (not sharded inside `replica_local_loaders`)."
         kwargs.pop('device', None)
         if cls is not None: kwargs['cls'] = cls     # (fastai's SortedDL.new takes it only by name)
-        return XLADataLoader(self.dl.new(dataset, **kwargs), device=self.device, rank=self.rank,
-                             world_size=self.world_size, seed=self.seed, batch_tfms_on=self.batch_tfms_on,
+        rank, world_size = (0, 1) if getattr(_replica_local, 'on', False) else (self.rank, self.world_size)
+        return XLADataLoader(self.dl.new(dataset, **kwargs), device=self.device, rank=rank,
+                             world_size=world_size, seed=self.seed, batch_tfms_on=self.batch_tfms_on,
                              prefetch=self.prefetch, num_workers=self.num_workers, sharding=self.sharding,
                              whole_table=self.whole_table, cache_items=self.cache_items, seq_buckets=self.seq_buckets)
 

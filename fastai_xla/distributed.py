@@ -37,7 +37,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #e9a8a577
+# %% ../nbs/04_distributed.ipynb #4618c720
 def local_replica_count() -> int:
     "Replicas on this host (they share its CPUs)."
     if transport().name == 'gloo': return int(os.environ.get('FASTAI_XLA_LOCAL_WORLD_SIZE', replica_count()))
@@ -63,6 +63,9 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
     if num_workers is None:   # fastai keeps the real worker count on its inner torch loader
         num_workers = workers_per_replica(getattr(getattr(self.dls.train, 'fake_l', None), 'num_workers', 0))
     self.to_xla(device, rank=rank, world_size=world, seed=seed, num_workers=num_workers, **dl_kwargs)
+    if world > 1:   # every replica starts from the master's weights (then the same averaged gradients keep them equal)
+        with torch.no_grad():
+            broadcast_(list(self.model.parameters()) + list(self.model.buffers()), what='weights broadcast when the replicas are set up')
     self._fastai_xla_run = seed   # the same on every replica: tells this run's checkpoint counters from older ones
     if world > 1 and rank != 0:
         self.remove_cbs([cb for cb in self.cbs if isinstance(cb, ProgressCallback)])
@@ -70,7 +73,7 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
     if world > 1: silence_non_masters()
     return self
 
-# %% ../nbs/04_distributed.ipynb #1086236a
+# %% ../nbs/04_distributed.ipynb #770dbcc7
 def _store_host() -> str:
     for name in ('FASTAI_XLA_STORE_ADDR', 'FASTAI_XLA_MASTER_ADDR', 'MASTER_ADDR'):
         if os.environ.get(name): return os.environ[name]
@@ -122,6 +125,15 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
         raise
 
 Learner.fit.fastai_original = _fastai_fit
+
+_fastai_predict = getattr(Learner.predict, 'fastai_original', Learner.predict)
+
+@patch
+def predict(self:Learner, item, rm_type_tfms=None, with_input=False):
+    "fastai's `predict`, on this replica alone (its one-item loader is not sharded): the master may predict without the others."
+    with replica_local_loaders(): return _fastai_predict(self, item, rm_type_tfms=rm_type_tfms, with_input=with_input)
+
+Learner.predict.fastai_original = _fastai_predict
 
 # %% ../nbs/04_distributed.ipynb #4b58d109
 class _EventLog:

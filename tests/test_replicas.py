@@ -208,8 +208,22 @@ def test_master_alone_in_get_preds_is_named_at_once():
     with pytest.raises(RuntimeError) as e: learn.launch(fit_then_master_alone_in_get_preds, nprocs=2, transport='gloo')
     assert time.time() - t < 60, time.time() - t
     msg = str(e.value)
-    assert 'ReplicasDiverged' in msg and 'replica 0 in weights broadcast at the start of fit' in msg, msg
+    assert 'ReplicasDiverged' in msg and 'replica 0 in metric reduction at the end of validation' in msg, msg
     assert 'replica 1 in the end of the function learn.launch runs' in msg and 'call fit, validate and get_preds on every replica' in msg
+
+def master_alone_looks_then_all_fit(learn):
+    learn.fit(1)
+    if replica_ordinal() == 0:                               # the master alone: these need no other replica
+        learn.summary()
+        learn.predict(learn.dls.valid_ds.items[0])
+        learn.show_results(max_n=2)
+    learn.fit(1)                                             # then every replica trains on, together
+    return _params_digest(learn)
+
+def test_summary_predict_show_results_on_the_master_alone():
+    learn = digits_learner(bs=32)
+    learn.launch(master_alone_looks_then_all_fit, nprocs=2, transport='gloo')
+    assert final(learn, 'accuracy') > 0.5
 
 def replica_1_late(learn):
     if replica_ordinal() == 1: time.sleep(30)
@@ -223,8 +237,8 @@ def test_a_replica_that_does_not_come_is_named_after_the_timeout(monkeypatch):
     with pytest.raises(RuntimeError) as e: learn.launch(replica_1_late, nprocs=2, transport='gloo')
     assert time.time() - t < 30 + 20, time.time() - t
     msg = str(e.value)
-    assert 'Replica 0 waited 5 s (FASTAI_XLA_TIMEOUT) in collective #1 (weights broadcast at the start of fit)' in msg, msg
-    assert 'replica 1 did not come: it has not reached any collective' in msg, msg
+    assert 'Replica 0 waited 5 s (FASTAI_XLA_TIMEOUT) in collective #2 (training epoch 0)' in msg, msg
+    assert 'replica 1 did not come: its last was #1 (weights broadcast when the replicas are set up)' in msg, msg
 
 SCRIPT_WITH_A_FAILING_REPLICA = """
 import sys

@@ -206,7 +206,7 @@ def test_master_alone_in_get_preds_is_named_at_once():
     learn = indexed_learner(bs=32)
     t = time.time()
     with pytest.raises(RuntimeError) as e: learn.launch(fit_then_master_alone_in_get_preds, nprocs=2, transport='gloo')
-    assert time.time() - t < 60, time.time() - t
+    assert time.time() - t < 150, time.time() - t   # (replicas spawned and one epoch trained; before: gloo's 300 s timeout)
     msg = str(e.value)
     assert 'ReplicasDiverged' in msg and 'replica 0 in metric reduction at the end of validation' in msg, msg
     assert 'replica 1 in the end of the function learn.launch runs' in msg and 'call fit, validate and get_preds on every replica' in msg
@@ -235,7 +235,7 @@ def test_a_replica_that_does_not_come_is_named_after_the_timeout(monkeypatch):
     learn = indexed_learner(bs=32)
     t = time.time()
     with pytest.raises(RuntimeError) as e: learn.launch(replica_1_late, nprocs=2, transport='gloo')
-    assert time.time() - t < 30 + 20, time.time() - t
+    assert time.time() - t < 150, time.time() - t
     msg = str(e.value)
     assert 'Replica 0 waited 5 s (FASTAI_XLA_TIMEOUT) in collective #2 (training epoch 0)' in msg, msg
     assert 'replica 1 did not come: its last was #1 (weights broadcast when the replicas are set up)' in msg, msg

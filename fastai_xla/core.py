@@ -320,7 +320,7 @@ def barrier(tag:str='barrier'):
         meet(tag)
         transport().barrier(tag)
 
-# %% ../nbs/00_core.ipynb #60168880
+# %% ../nbs/00_core.ipynb #13f36bd7
 import time
 from types import SimpleNamespace
 
@@ -337,9 +337,14 @@ def set_meeting_store(store):
     "Check this replica's collectives through `store`, a `torch.distributed` store every replica shares (`None`: no checks)."
     _meetings[replica_ordinal()] = SimpleNamespace(store=store, count=0)
 
+def _meeting():
+    "This replica's meeting (store and count), or `None` (one replica, or no store)."
+    m = _meetings.get(replica_ordinal()) if replica_count() > 1 else None
+    return m if m is not None and m.store is not None else None
+
 def meeting_store():
     "This replica's meeting store, or `None`."
-    m = _meetings.get(replica_ordinal()) if replica_count() > 1 else None
+    m = _meeting()
     return m.store if m is not None else None
 
 _advice = ("Every collective runs on every replica: call fit, validate and get_preds on every replica (each gets the whole "
@@ -371,8 +376,8 @@ def _last_seen(store, rank:int) -> str:
 
 def meet(what:str):
     "Before the collective `what`: wait until every replica is at the same collective, else raise `ReplicasDiverged`."
-    m = _meetings.get(replica_ordinal()) if replica_count() > 1 else None
-    if m is None or m.store is None: return
+    m = _meeting()
+    if m is None: return
     m.count += 1
     import torch.distributed as dist
     try: _meet(m.store, m.count, what)

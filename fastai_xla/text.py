@@ -30,7 +30,7 @@ def masked_concat_pool(output, mask, bptt:int):
 masked_concat_pool.fastai_version = _fastai_masked_concat_pool   # (a re-import wraps fastai's, not this)
 text_models.masked_concat_pool = masked_concat_pool    # what fastai's PoolingLinearClassifier calls
 
-# %% ../nbs/11_text.ipynb #46ea3cc5
+# %% ../nbs/11_text.ipynb #d02302eb
 scan_lstms = True
 
 def lstm_step(carry, xs):
@@ -56,11 +56,13 @@ def lstm_grad_step(carry, xs):
     return (d_gates @ w_hh * flow, dc * f * flow, w_hh), d_gates
 
 def xla_scan(fn, init, xs:tuple, reverse=False):
-    "torch_xla's `scan` of the pure function `fn` over the first dimension of `xs` (last step first if `reverse`)."
-    from torch_xla.experimental.scan import scan
-    if not reverse: return scan(fn, init, xs, is_fn_pure=True)     # pure: traced once per shape, then kept
-    carry, ys = scan(fn, init, tuple(x.flip(0) for x in xs), is_fn_pure=True)
-    return carry, ys.flip(0)
+    "The carry and outputs of `fn` over the first dimension of `xs` (last step first if `reverse`), as one XLA loop, without gradients."
+    import torch_xla.experimental.scan as xla_scans
+    loop = getattr(xla_scans, '_scan_impl_pytree', None)     # torch_xla 2.8, 2.9: the loop without `scan`'s autograd
+    if loop is not None: return loop(fn, init, xs, reverse=reverse)
+    if not reverse: return xla_scans.scan(fn, init, xs, is_fn_pure=True)
+    carry, ys = xla_scans.scan(fn, init, tuple(x.flip(0) for x in xs), is_fn_pure=True)
+    return carry, tuple(y.flip(0) for y in ys) if isinstance(ys, tuple) else ys.flip(0)
 
 class LSTMLoop(torch.autograd.Function):
     "One layer and direction of an LSTM as two XLA loops, forward and backward; the weight's gradient is one product after the loop."

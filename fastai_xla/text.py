@@ -15,9 +15,9 @@ from .core import *
 from .data import XLADataLoader, register_batch_shaper, register_replica_source, shard_idxs
 
 # %% auto #0
-__all__ = ['scan_lstms', 'masked_concat_pool', 'lstm_step', 'lstm_grad_step', 'xla_scan', 'LSTMLoop', 'lstm_loop', 'restarting',
-           'scan_lstm', 'loops_on_xla', 'device_zeros', 'restart_rows', 'chunk_restarts', 'in_one_pass',
-           'static_forward', 'bucket_length', 'text_padding', 'item_lengths', 'step_lengths', 'repad',
+__all__ = ['scan_lstms', 'lm_stream_tokens', 'masked_concat_pool', 'lstm_step', 'lstm_grad_step', 'xla_scan', 'LSTMLoop',
+           'lstm_loop', 'restarting', 'scan_lstm', 'loops_on_xla', 'device_zeros', 'restart_rows', 'chunk_restarts',
+           'in_one_pass', 'static_forward', 'bucket_length', 'text_padding', 'item_lengths', 'step_lengths', 'repad',
            'pad_texts_to_buckets', 'SeededLMDataLoader', 'language_model_streams']
 
 # %% ../nbs/11_text.ipynb #9a0c359b
@@ -238,15 +238,24 @@ def pad_texts_to_buckets(xla_dl, order:list, batches):
     steps = step_lengths(order, xla_dl._lengths, xla_dl.bs, xla_dl.world_size, xla_dl.pad, pad.seq_len, xla_dl.seq_buckets)
     return (repad(b, n, pad) for b, n in zip(batches, steps))
 
-# %% ../nbs/11_text.ipynb #681663a3
+# %% ../nbs/11_text.ipynb #a726d65a
+lm_stream_tokens = 50_000_000
+
 class SeededLMDataLoader(LMDataLoader):
-    "fastai's `LMDataLoader` cut into `rows` token streams (default `bs`) and read `bs` of them per batch, its documents in an order drawn from `rng` (kept by `new`)."
+    "fastai's `LMDataLoader` cut into `rows` token streams (default `bs`) and read `bs` of them per batch, its documents in an order drawn from `rng` (kept by `new`) and laid out in one tensor once per order."
     def __init__(self, dataset, rows:int|None=None, bs:int=64, **kwargs):
         self.rows = rows or bs
         super().__init__(dataset, bs=self.rows, **kwargs)   # items: `rows` streams, `n` = chunks * rows
         self.bs = bs
 
+    def make_chunks(self):
+        super().make_chunks()
+        self.laid_out = False                                 # (laid out when the first item is made)
+
     def create_item(self, seq):
+        if not self.laid_out and self.chunks.totlen <= lm_stream_tokens:
+            self.chunks = self.chunks[0:self.chunks.totlen]    # every document in order, one tensor (fastai's slice)
+        self.laid_out = True
         bs, self.bs = self.bs, self.rows          # fastai's item `seq` is stream `seq % bs`, chunk `seq // bs`
         try: return super().create_item(seq)
         finally: self.bs = bs

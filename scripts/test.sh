@@ -6,7 +6,7 @@
 #   2. torch/torch_xla 2.9 + the newest fastai (fastcore 2): the notebooks (nbclient), then pytest (not the README's
 #      snippets nor the end-to-end text tests again: the text notebook runs here, and CI has 90 minutes)
 #   3. Kaggle's TPU image stack, torch/torch_xla 2.8 + fastai 2.8.7 on Python 3.12, fastai_xla installed with the
-#      README's Kaggle command: the device, single-device, replica, checkpoint, launch and packaging tests, and the demo
+#      README's Kaggle command: the device, single-device, replica, checkpoint, launch, packaging and text tests, and the demo
 # Extra arguments go to every pytest run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +25,7 @@ echo "== 2. $(stack .venv-latest): notebooks and pytest"
 .venv-latest/bin/python -m pytest -m "not readme and not text" "$@" tests
 echo "== 3. $(stack .venv-kaggle): pytest"
 .venv-kaggle/bin/python -m pytest -m "not notebooks" "$@" tests/test_device.py tests/test_single_device.py \
-    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py
+    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py tests/test_text.py
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 echo "== all stacks passed in $(( (SECONDS - start) / 60 )) min (set-up not counted)"

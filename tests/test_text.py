@@ -48,9 +48,8 @@ def test_classifier_learns_like_eager(trained):
     acc_eager, acc_xla = final(eager, 'accuracy'), final(xla, 'accuracy')
     assert acc_xla > 0.85 and abs(acc_xla - acc_eager) < 0.04, (acc_xla, acc_eager)   # majority class: 0.43
 
-def test_classifier_compiles_once_per_bucket(trained):
-    "One graph per (phase, bucket length), compiled when that bucket first appears (in a later epoch for a rare one)."
-    _, xla, epochs, lengths = trained
+def assert_compiles_once_per_bucket(epochs, lengths):
+    "Each epoch compiles no more graphs than new (phase, bucket length) pairs appear in it (the first epoch: 4 more)."
     seen = set()
     for counters, pairs in zip(epochs, lengths):
         new = pairs - seen
@@ -58,6 +57,11 @@ def test_classifier_compiles_once_per_bucket(trained):
         assert counters['compiles'] <= len(new) + (4 if counters is epochs[0] else 0), (counters, new)
         assert counters['to_host'] <= 3                                           # not per batch
     assert len(seen) <= 8, seen
+
+def test_classifier_compiles_once_per_bucket(trained):
+    "One graph per (phase, bucket length), compiled when that bucket first appears (in a later epoch for a rare one)."
+    _, xla, epochs, lengths = trained
+    assert_compiles_once_per_bucket(epochs, lengths)
 
 def test_classifier_batches_are_padded_to_buckets(trained):
     _, xla, *_ = trained
@@ -92,6 +96,28 @@ def test_fine_tune_after_fit(trained):
     fits = FitAccuracies()
     with xla.no_bar(), xla.added_cbs(fits): xla.fine_tune(1, 1e-3)
     assert len(fits.accuracies) == 2 and min(fits.accuracies) > 0.85, fits.accuracies
+
+class TinyTransformer(nn.Module):
+    "A transformer-style text encoder from torch modules: an embedding and one `TransformerEncoderLayer`."
+    def __init__(self, vocab_sz, d_model=64, n_heads=4, pad_idx=1):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_sz, d_model, padding_idx=pad_idx)
+        self.layer = nn.TransformerEncoderLayer(d_model, n_heads, dim_feedforward=128, dropout=0.1, batch_first=True)
+    def reset(self): pass
+    def forward(self, x): return self.layer(self.embed(x))
+
+def test_transformer_classifier(docs):
+    "An architecture registered in fastai's `_model_meta` (here a transformer from torch modules) through `text_classifier_learner` on XLA: it learns, at the bucket shapes (chunk by chunk, `static_forward`)."
+    from fastai.text.models.core import _model_meta
+    _model_meta[TinyTransformer] = dict(config_clas=dict(d_model=64, output_p=0.1), hid_name='d_model',
+                                        split_clas=lambda m: [list(m.parameters())])
+    dls = TextDataLoaders.from_df(docs, text_col='text', label_col='label', valid_pct=0.2, seed=42, bs=32)
+    set_seed(0)
+    learn = text_classifier_learner(dls, TinyTransformer, pretrained=False, metrics=accuracy).to_xla()
+    counters, shapes = EpochCounters(), BatchLengths()
+    with learn.no_bar(): learn.fit_one_cycle(3, 1e-3, cbs=[counters, shapes])
+    assert final(learn, 'accuracy') > 0.7, learn.recorder.values                 # majority class: 0.43
+    assert_compiles_once_per_bucket(counters.epochs, shapes.epochs)
 
 def test_language_model_trains_at_fixed_shapes(docs):
     dls = TextDataLoaders.from_df(docs, text_col='text', is_lm=True, valid_pct=0.1, seed=42, bs=32, seq_len=72)

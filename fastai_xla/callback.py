@@ -362,7 +362,7 @@ class RestoreAfterLRFind(Callback):
             rebind_optimizer(self.learn.opt, self.learn.model, {}, self.learn.splitter)
         self.learn.remove_cb(self)
 
-# %% ../nbs/03_callback.ipynb #487dc8cf
+# %% ../nbs/03_callback.ipynb #1a23fa57
 class StepBoundaryCallback(Callback):
     "Cut the XLA graph at the end of each batch; show the loss without waiting for the device."
     order, run_valid = 55, True
@@ -383,7 +383,9 @@ class StepBoundaryCallback(Callback):
             # keep the device value alive on every step, refreshed or not, so every step is the same graph
             self.device_loss = loss
             if self.iter in self.refresh_at: self._refresh(loss)
-            self.learn.smooth_loss = self.shown
+            if self.refresh_at and torch.isnan(self.shown):      # no value back yet: the bar shows none, not nan
+                if 'smooth_loss' in self.learn.__dict__: del self.learn.smooth_loss
+            else: self.learn.smooth_loss = self.shown
         step_boundary()
 
     def _refresh(self, loss):

@@ -23,7 +23,8 @@ from .data import *
 # %% auto #0
 __all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights', 'xla_steppers', 'DeviceSmoothLoss', 'DeviceTotal',
            'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'is_sharded', 'handles',
-           'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner']
+           'finding_lr', 'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders',
+           'is_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
@@ -207,7 +208,11 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #ad6aaf6f
+# %% ../nbs/03_callback.ipynb #49ceb7b0
+def finding_lr(learn) -> bool:
+    "Is `learn` in fastai's `lr_find` (an `LRFinder` among its callbacks)?"
+    return any(isinstance(cb, LRFinder) for cb in learn.cbs)
+
 class TPUCallback(Callback):
     "Train a fastai `Learner` on an XLA device: placement, padding, gradient reduction, device-side metrics."
     order, run_valid = TrainEvalCallback.order - 1, True
@@ -223,7 +228,7 @@ class TPUCallback(Callback):
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
             prefer_foreach(self.opt)
             xla_steppers(self.opt)
-        if replica_count() > 1 and any(isinstance(cb, LRFinder) for cb in self.learn.cbs):
+        if replica_count() > 1 and finding_lr(self.learn):
             self.learn.add_cb(RestoreAfterLRFind(self.model, self.opt))
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
@@ -362,7 +367,7 @@ class RestoreAfterLRFind(Callback):
             rebind_optimizer(self.learn.opt, self.learn.model, {}, self.learn.splitter)
         self.learn.remove_cb(self)
 
-# %% ../nbs/03_callback.ipynb #1a23fa57
+# %% ../nbs/03_callback.ipynb #786f5e5c
 class StepBoundaryCallback(Callback):
     "Cut the XLA graph at the end of each batch; show the loss without waiting for the device."
     order, run_valid = 55, True
@@ -372,7 +377,7 @@ class StepBoundaryCallback(Callback):
         n = len(self.dl)
         shown = any(isinstance(cb, ProgressCallback) for cb in self.learn.cbs)   # no bar (`no_bar()`): nothing to refresh
         self.refresh_at = {int(i * n / self.refreshes) for i in range(self.refreshes)} if n and shown else set()
-        self.exact = any(isinstance(cb, LRFinder) for cb in self.learn.cbs)
+        self.exact = finding_lr(self.learn)
 
     def after_batch(self):
         loss = getattr(self.learn, 'smooth_loss', None)

@@ -15,7 +15,7 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['host_state', 'write_atomically', 'save_atomically', 'cpu_copy', 'ResumeCallback']
+__all__ = ['host_state', 'write_atomically', 'save_atomically', 'load_on_xla', 'cpu_copy', 'ResumeCallback']
 
 # %% ../nbs/05_checkpoint.ipynb #e3eece48
 def host_state(model, opt=None, with_opt:bool=True):
@@ -94,7 +94,7 @@ def _read_checkpoint_error(file, e):
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #73632c22
+# %% ../nbs/05_checkpoint.ipynb #b5d113d7
 _fastai_save, _fastai_load, _fastai_export = (getattr(f, 'fastai_original', f) for f in (Learner.save, Learner.load, Learner.export))
 
 @patch
@@ -109,16 +109,20 @@ def save(self:Learner, file, with_opt:bool=True, pickle_protocol:int=2, **kwargs
         _write_saves(self, file, count)
     return file
 
+def load_on_xla(learn, fastai_load, file, **kwargs):
+    "Run `fastai_load` (fastai's `load` of `learn`'s class) for an XLA learner: through the CPU, on every replica once the master's file is there."
+    path = join_path_file(file, learn.path/learn.model_dir, ext='.pth')
+    if not is_local_master(): _wait_for_master(learn, path)
+    try: fastai_load(learn, file, device='cpu', **kwargs)   # copies into the device parameters
+    except Exception as e: raise _read_checkpoint_error(path, e) from e
+    rebind_optimizer(learn.opt, learn.model, {}, learn.splitter)  # optimizer state back on the device
+    return learn
+
 @patch
 def load(self:Learner, file, device=None, **kwargs):
     "Load model and optimizer state from `self.path/self.model_dir/file`; on XLA through the CPU, on every replica."
     if not is_xla_learner(self): return _fastai_load(self, file, device=device, **kwargs)
-    path = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    if not is_local_master(): _wait_for_master(self, path)
-    try: _fastai_load(self, file, device='cpu', **kwargs)   # copies into the device parameters
-    except Exception as e: raise _read_checkpoint_error(path, e) from e
-    rebind_optimizer(self.opt, self.model, {}, self.splitter)  # optimizer state back on the device
-    return self
+    return load_on_xla(self, _fastai_load, file, **kwargs)
 
 # %% ../nbs/05_checkpoint.ipynb #7a8ae7f4
 def cpu_copy(model:nn.Module) -> nn.Module:

@@ -322,3 +322,18 @@ def language_model_streams(dl, world_size:int=1):
     "For an `LMDataLoader`: the loader `world_size` replicas share, the same documents in `dl.bs * world_size` rows."
     if not isinstance(dl, LMDataLoader): return None
     return dl.new(cls=SeededLMDataLoader, rows=dl.bs * world_size)
+
+# %% ../nbs/11_text.ipynb #e0f979c8
+from fastai.text.learner import TextLearner
+from .callback import is_xla_learner
+from .checkpoint import load_on_xla
+
+_fastai_text_load = getattr(TextLearner.load, 'fastai_original', TextLearner.load)
+
+@patch
+def load(self:TextLearner, file, with_opt:bool=None, device=None, **kwargs):
+    "fastai's `TextLearner.load`; on XLA through the CPU, as `Learner.load`."
+    if not is_xla_learner(self): return _fastai_text_load(self, file, with_opt=with_opt, device=device, **kwargs)
+    return load_on_xla(self, _fastai_text_load, file, with_opt=with_opt, **kwargs)
+
+TextLearner.load.fastai_original = _fastai_text_load

@@ -84,6 +84,14 @@ def test_get_preds_predict_show_results_export(trained, tmp_path):
     label_cpu, _, probs_cpu = cpu.predict('Return a new DataFrame with the rows of this one sorted by the given column labels.')
     assert label_cpu == label and torch.allclose(probs_cpu, probs.cpu(), atol=1e-4)
 
+def test_lr_find_on_the_classifier(trained):
+    "fastai's `lr_find` on the XLA text classifier (it saves the model and loads it back through `TextLearner.load`): it runs and restores the weights."
+    _, xla, *_ = trained
+    before = [p.detach().cpu().clone() for p in xla.model.parameters()]
+    with xla.no_bar(): res = xla.lr_find(num_it=20, show_plot=False)
+    assert res.valley > 0
+    assert all(torch.equal(a, p.detach().cpu()) for a, p in zip(before, xla.model.parameters()))
+
 class FitAccuracies(Callback):
     "The final accuracy of each fit."
     order = 100

@@ -15,7 +15,7 @@ from .callback import finding_lr
 # %% auto #0
 __all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics', 'enable_compile_cache']
 
-# %% ../nbs/07_diagnostics.ipynb #a222295a
+# %% ../nbs/07_diagnostics.ipynb #f7e11277
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     import_torch_xla()
@@ -35,15 +35,19 @@ class XLADiagnostics(Callback):
     def __init__(self, verbose:bool=False): self.verbose, self.epochs, self.warned, self.fits = verbose, [], set(), 0
 
     def before_fit(self):
-        self.seen_shapes, self.fit_epoch, self.fits = set(), 0, self.fits + 1
+        self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
         self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit'
     def before_epoch(self):
-        self.c0, self.f0, self.batches, self.new_shapes = xla_counters(), fallback_counts(), {True: 0, False: 0}, 0
+        self.c0, self.f0, self.batches = xla_counters(), fallback_counts(), {True: 0, False: 0}
+        self.new_shapes, self.expected = 0, 0
     def before_batch(self):
-        shapes = _shapes(self.learn.xb)
-        if shapes not in self.seen_shapes:
-            if self.fit_epoch > 0: self.new_shapes += 1
-            self.seen_shapes.add(shapes)
+        key = (self.training, _shapes(self.learn.xb))              # one graph per phase and input shapes
+        if self.training and self.first_step is None: self.first_step = key   # a graph of its own: no optimizer state yet
+        elif key not in self.seen:
+            self.seen.add(key)
+            if self.fit_epoch > 0:
+                if key == self.first_step: self.expected += 1      # the first step's shapes, their usual graph
+                else: self.new_shapes += 1
         self.batches[self.training] += 1
 
     def after_fit(self): self.after_epoch()    # an epoch a cancel cut short (`lr_find` stops that way): recorded too
@@ -61,7 +65,7 @@ class XLADiagnostics(Callback):
         self.fit_epoch += 1
 
     def _check(self, row):
-        if self.fit_epoch > 0 and row['compiles'] > 0:
+        if self.fit_epoch > 0 and row['compiles'] > self.expected:
             if self.new_shapes:
                 self._warn('shapes', f"{row['compiles']} graphs compiled in epoch {row['epoch']}, after the first, and "
                            f"{self.new_shapes} new input shapes appeared: batches change shape (a ragged last batch, variable-size "

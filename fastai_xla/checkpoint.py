@@ -15,7 +15,7 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['host_state', 'write_atomically', 'save_atomically', 'load_on_xla', 'cpu_copy', 'ResumeCallback']
+__all__ = ['host_state', 'write_atomically', 'save_atomically', 'save_on_xla', 'load_on_xla', 'cpu_copy', 'ResumeCallback']
 
 # %% ../nbs/05_checkpoint.ipynb #e3eece48
 def host_state(model, opt=None, with_opt:bool=True):
@@ -94,20 +94,24 @@ def _read_checkpoint_error(file, e):
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #b5d113d7
+# %% ../nbs/05_checkpoint.ipynb #fb7ff00b
 _fastai_save, _fastai_load, _fastai_export = (getattr(f, 'fastai_original', f) for f in (Learner.save, Learner.load, Learner.export))
+
+def save_on_xla(learn, file, state, pickle_protocol:int=2) -> Path:
+    "Write `state()` (CPU tensors) to `file` in `learn`'s model directory for an XLA learner: after this replica's pending step, atomically, by the first replica of each host, counted for `load_on_xla`'s wait."
+    file = join_path_file(file, learn.path/learn.model_dir, ext='.pth')
+    step_boundary()                                    # finish this replica's pending step first
+    count = _count_save(learn, file)
+    if is_local_master():
+        _write_checkpoint(state(), file, pickle_protocol)
+        _write_saves(learn, file, count)
+    return file
 
 @patch
 def save(self:Learner, file, with_opt:bool=True, pickle_protocol:int=2, **kwargs):
     "Save model and optimizer state to `self.path/self.model_dir/file`; on XLA as CPU tensors, atomically, once per host."
     if not is_xla_learner(self): return _fastai_save(self, file, with_opt=with_opt, pickle_protocol=pickle_protocol, **kwargs)
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    step_boundary()                                    # finish this replica's pending step first
-    count = _count_save(self, file)
-    if is_local_master():
-        _write_checkpoint(host_state(self.model, getattr(self, 'opt', None), with_opt), file, pickle_protocol)
-        _write_saves(self, file, count)
-    return file
+    return save_on_xla(self, file, lambda: host_state(self.model, getattr(self, 'opt', None), with_opt), pickle_protocol)
 
 def load_on_xla(learn, fastai_load, file, **kwargs):
     "Run `fastai_load` (fastai's `load` of `learn`'s class) for an XLA learner: through the CPU, on every replica once the master's file is there."
@@ -115,7 +119,7 @@ def load_on_xla(learn, fastai_load, file, **kwargs):
     if not is_local_master(): _wait_for_master(learn, path)
     try: fastai_load(learn, file, device='cpu', **kwargs)   # copies into the device parameters
     except Exception as e: raise _read_checkpoint_error(path, e) from e
-    rebind_optimizer(learn.opt, learn.model, {}, learn.splitter)  # optimizer state back on the device
+    if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, {}, learn.splitter)   # its state back on the device
     return learn
 
 @patch

@@ -323,12 +323,14 @@ def language_model_streams(dl, world_size:int=1):
     if not isinstance(dl, LMDataLoader): return None
     return dl.new(cls=SeededLMDataLoader, rows=dl.bs * world_size)
 
-# %% ../nbs/11_text.ipynb #e0f979c8
+# %% ../nbs/11_text.ipynb #496c0086
 from fastai.text.learner import TextLearner
 from .callback import is_xla_learner
-from .checkpoint import load_on_xla
+from .checkpoint import load_on_xla, save_on_xla
+from fastai.torch_core import get_model
 
-_fastai_text_load = getattr(TextLearner.load, 'fastai_original', TextLearner.load)
+_fastai_text_load, _fastai_load_encoder, _fastai_save_encoder = (getattr(f, 'fastai_original', f) for f in
+    (TextLearner.load, TextLearner.load_encoder, TextLearner.save_encoder))
 
 @patch
 def load(self:TextLearner, file, with_opt:bool=None, device=None, **kwargs):
@@ -336,4 +338,19 @@ def load(self:TextLearner, file, with_opt:bool=None, device=None, **kwargs):
     if not is_xla_learner(self): return _fastai_text_load(self, file, with_opt=with_opt, device=device, **kwargs)
     return load_on_xla(self, _fastai_text_load, file, with_opt=with_opt, **kwargs)
 
-TextLearner.load.fastai_original = _fastai_text_load
+@patch
+def load_encoder(self:TextLearner, file, device=None):
+    "fastai's `TextLearner.load_encoder`; on XLA through the CPU."
+    if not is_xla_learner(self): return _fastai_load_encoder(self, file, device=device)
+    return load_on_xla(self, _fastai_load_encoder, file)
+
+@patch
+def save_encoder(self:TextLearner, file):
+    "fastai's `TextLearner.save_encoder`; on XLA as CPU tensors, atomically, once per host, as `Learner.save`."
+    if not is_xla_learner(self): return _fastai_save_encoder(self, file)
+    encoder = get_model(self.model)[0]
+    encoder = getattr(encoder, 'module', encoder)
+    return save_on_xla(self, file, lambda: to_host(encoder.state_dict()))
+
+TextLearner.load.fastai_original, TextLearner.load_encoder.fastai_original, TextLearner.save_encoder.fastai_original = (
+    _fastai_text_load, _fastai_load_encoder, _fastai_save_encoder)

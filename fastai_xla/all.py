@@ -10,3 +10,4 @@ from .diagnostics import *
 from .spmd import *
 from .metrics import *
 from .text import *
+from .augment import *

@@ -17,14 +17,26 @@ from fastai.data.transforms import IntToFloatTensor, Normalize
 from .core import *
 
 # %% auto #0
-__all__ = ['device_friendly_tfms', 'batch_shapers', 'replica_sources', 'split_batch_tfms', 'n_batches', 'shard_idxs',
-           'background', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms',
-           'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors',
-           'register_batch_shaper', 'register_replica_source', 'replica_source', 'replica_local_loaders',
-           'XLADataLoader', 'trim_batch', 'DigitToImage', 'digits_dls']
+__all__ = ['device_friendly_tfms', 'device_runners', 'batch_shapers', 'replica_sources', 'register_device_tfm', 'run_on_device',
+           'split_batch_tfms', 'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader', 'index_rows',
+           'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers',
+           'loader_over', 'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
+           'replica_local_loaders', 'XLADataLoader', 'trim_batch', 'DigitToImage', 'digits_dls']
 
-# %% ../nbs/02_data.ipynb #6b0e4093
+# %% ../nbs/02_data.ipynb #0207b73d
 device_friendly_tfms = [IntToFloatTensor, Normalize]
+device_runners = {}     # transform class -> how to run one of its kind on a device batch
+
+def register_device_tfm(cls, run=None):
+    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is)."
+    if cls not in device_friendly_tfms: device_friendly_tfms.append(cls)
+    if run is not None: device_runners[cls] = run
+
+def run_on_device(tfm, b, split_idx=None):
+    "Apply the batch transform `tfm` to the device batch `b`, through its registered runner if it has one."
+    for cls, run in device_runners.items():
+        if isinstance(tfm, cls): return run(tfm, b, split_idx)
+    return tfm(b, split_idx=split_idx)
 
 def split_batch_tfms(tfms, on='auto'):
     "Split the `after_batch` transforms `tfms` into the ones to run on the CPU and the ones to run on the device."
@@ -220,7 +232,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #6f548f8a
+# %% ../nbs/02_data.ipynb #19b1d88a
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -304,8 +316,9 @@ class XLADataLoader(GetAttr):
     def _apply_device_tfms(self, b):
         "Run the device transforms, keeping each stage's output alive until the next batch (see below)."
         self._stages = []
+        split_idx = getattr(self.dl.dataset, 'split_idx', None)   # (fastai's TfmdDL sets it on its pipelines each epoch)
         for f in self.device_tfms.fs:
-            b = f(b, split_idx=self.device_tfms.split_idx)
+            b = run_on_device(f, b, split_idx)
             self._stages.append(b)
         return b
 

@@ -10,7 +10,7 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['docstring_sources', 'make_once', 'digits_arrays', 'digits_folder', 'digits_segmentation_folder', 'digit_mask_path',
-           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv']
+           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv', 'digits_ratings_frame']
 
 # %% ../nbs/09_demo.ipynb #94c658e7
 def make_once(path, write) -> Path:
@@ -116,3 +116,12 @@ def docstrings_csv(path='docstrings.csv') -> Path:
     "`docstrings_frame()` written to the CSV file `path` (once; several processes may race)."
     path = Path(path)
     return make_once(path.parent/f'{path.name}.d', lambda tmp: docstrings_frame().to_csv(tmp/path.name, index=False))/path.name
+
+# %% ../nbs/09_demo.ipynb #b169b713
+def digits_ratings_frame(n_users:int|None=600):
+    "A ratings frame (`user`, `item`, `rating`) from the digits: image `user`'s ink (0-16) at pixel `item`; the first `n_users` images."
+    import pandas as pd
+    from sklearn.datasets import load_digits
+    images = load_digits().data[:n_users]          # ink 0-16, one row of 64 pixels per image
+    users, items = np.meshgrid(np.arange(len(images)), np.arange(images.shape[1]), indexing='ij')
+    return pd.DataFrame({'user': users.ravel(), 'item': items.ravel(), 'rating': images.ravel().astype('float32')})

@@ -25,7 +25,8 @@ echo "== 2. $(stack .venv-latest): notebooks and pytest"
 .venv-latest/bin/python -m pytest -m "not readme and not text" "$@" tests
 echo "== 3. $(stack .venv-kaggle): pytest"
 .venv-kaggle/bin/python -m pytest -m "not notebooks" "$@" tests/test_device.py tests/test_single_device.py \
-    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py tests/test_text.py
+    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py tests/test_text.py \
+    tests/test_applications.py
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 echo "== all stacks passed in $(( (SECONDS - start) / 60 )) min (set-up not counted)"

@@ -45,14 +45,14 @@ def final(learn, name):
     "The last epoch's value of metric `name` from the Recorder."
     return learn.recorder.values[-1][learn.recorder.metric_names.index(name) - 1]
 
-def segmentation_learner(path, classes='digit', metrics=(), bs=32, seed=0):
+def segmentation_learner(path, classes='digit', metrics=(), bs=32, seed=0, batch_tfms=None):
     "fastai's SegmentationDataLoaders over the digits written as 16x16 PNG images and masks, a small fully convolutional model."
     from fastai.vision.all import SegmentationDataLoaders, get_image_files
     from fastai_xla.demo import digits_segmentation_folder, digit_mask_path, segmentation_codes
     path = digits_segmentation_folder(path, size=16, classes=classes)
     codes = segmentation_codes(classes)
     dls = SegmentationDataLoaders.from_label_func(path, get_image_files(path/'images'), digit_mask_path, bs=bs, codes=codes,
-                                                  valid_pct=0.2, seed=42, num_workers=0)
+                                                  valid_pct=0.2, seed=42, num_workers=0, batch_tfms=batch_tfms)
     set_seed(seed)
     model = nn.Sequential(ConvLayer(3, 16), ConvLayer(16, 16), nn.Conv2d(16, len(codes), 1))
     return Learner(dls, model, metrics=list(metrics))

@@ -1,0 +1,123 @@
+"""fastai's applications as its tutorials build them, from files on disk and data frames, trained on
+the CPU XLA device against the same recipe on eager CPU: image folders with `aug_transforms`
+(augmented on the device), segmentation with augmentation and `DiceMulti`, collaborative filtering
+from a ratings frame; tabular from a frame is in test_single_device.py. Each: learns as eager
+does, no compilation after the first epoch, a bounded number of reads of the device per epoch,
+nothing run on the CPU by torch_xla's fallbacks. The image recipe also runs on 2 replicas (gloo).
+
+Small models stand in for fastai's pretrained ones (`resnet18` weights are a download; its graph
+compiles for a minute on the CPU device): `benchmarks/apps.py` runs `vision_learner(resnet18)` and
+`unet_learner(resnet18)`. Not covered here: a TPU (speed, torch_xla's own collectives)."""
+import warnings
+import pytest
+from helpers import *
+from fastai.vision.all import ImageDataLoaders, aug_transforms, Dice, DiceMulti
+from fastai.collab import CollabDataLoaders, collab_learner
+from fastai_xla.demo import digits_folder, digits_ratings_frame
+
+def image_cnn():
+    return nn.Sequential(ConvLayer(3, 16, stride=2), ConvLayer(16, 32, stride=2), ConvLayer(32, 64, stride=2),
+                         nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(64, 10))
+
+def image_folder_learner(path, seed=0):
+    "fastai's image classification recipe: a folder per class of PNG files, `aug_transforms` with a random crop."
+    set_seed(seed, reproducible=True)
+    dls = ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=64, num_workers=0,
+                                       batch_tfms=aug_transforms(size=24, min_scale=0.75))
+    return Learner(dls, image_cnn(), metrics=accuracy)
+
+def collab_digits_learner(seed=0):
+    "fastai's collaborative filtering recipe on a ratings frame."
+    set_seed(seed, reproducible=True)
+    dls = CollabDataLoaders.from_df(digits_ratings_frame(), bs=256, seed=42, num_workers=0)
+    return collab_learner(dls, n_factors=16, y_range=(0, 16.5))
+
+class Checks(Callback):
+    "Counters of each epoch, and the types of the batch transforms that ran on the device."
+    order = 100
+    def before_fit(self): self.epochs = []
+    def before_epoch(self): self.c0 = xla_counters()
+    def after_epoch(self): self.epochs.append(counters_diff(xla_counters(), self.c0))
+
+def fit_xla(learn, fit):
+    "`fit(learn)` on XLA with fastai's schedule; the epochs' counters, performance warnings and CPU fallbacks."
+    checks = Checks()
+    learn.add_cb(checks)
+    with warnings.catch_warnings(record=True) as caught, learn.no_bar(), learn.no_logging():
+        warnings.simplefilter('always')
+        fit(learn)
+    perf = [str(w.message) for w in caught if issubclass(w.category, XLAPerformanceWarning)]
+    return checks.epochs, perf
+
+def assert_steady(epochs, perf, max_reads):
+    assert [e['compiles'] for e in epochs[1:]] == [0] * (len(epochs) - 1), epochs
+    assert all(e['to_host'] <= max_reads for e in epochs), epochs
+    assert not perf, perf
+
+def test_image_folder_with_aug_transforms_on_the_device(tmp_path):
+    path = digits_folder(tmp_path/'digits', size=32)
+    fit = lambda l: l.fit_one_cycle(4, 1e-2)
+    cpu = image_folder_learner(path)
+    with cpu.no_bar(), cpu.no_logging(): fit(cpu)
+    xla = image_folder_learner(path).to_xla(seed=0)
+    on_device = [type(f).__name__ for f in xla.dls.train.device_tfms.fs]
+    assert on_device == ['IntToFloatTensor', 'Flip', 'RandomResizedCropGPU', 'Brightness'], on_device
+    epochs, perf = fit_xla(xla, fit)
+    assert_steady(epochs, perf, max_reads=12)
+    assert final(xla, 'accuracy') > 0.8, final(xla, 'accuracy')
+    assert abs(final(xla, 'accuracy') - final(cpu, 'accuracy')) < 0.05, (final(xla, 'accuracy'), final(cpu, 'accuracy'))
+
+
+def test_segmentation_with_augmentation_and_dice(tmp_path):
+    "Images and masks warped together on the device (same draws), DiceMulti counted on the device."
+    fit = lambda l: l.fit_one_cycle(3, 1e-2)
+    make = lambda: segmentation_learner(tmp_path/'seg', classes='digit', metrics=[DiceMulti()],
+                                        batch_tfms=aug_transforms(max_rotate=5., max_warp=0.1))
+    cpu = make()
+    with cpu.no_bar(), cpu.no_logging(): fit(cpu)
+    xla = make().to_xla(seed=0)
+    assert 'Flip' in [type(f).__name__ for f in xla.dls.train.device_tfms.fs]
+    epochs, perf = fit_xla(xla, fit)
+    assert_steady(epochs, perf, max_reads=12)
+    assert abs(final(xla, 'dice_multi') - final(cpu, 'dice_multi')) < 0.05, (final(xla, 'dice_multi'), final(cpu, 'dice_multi'))
+
+def test_collab_from_a_ratings_frame():
+    fit = lambda l: l.fit_one_cycle(4, 5e-2)
+    cpu = collab_digits_learner()
+    with cpu.no_bar(), cpu.no_logging(): fit(cpu)
+    xla = collab_digits_learner().to_xla(seed=0)
+    epochs, perf = fit_xla(xla, fit)
+    assert_steady(epochs, perf, max_reads=12)
+    valid_loss = lambda l: l.recorder.values[-1][1]
+    assert valid_loss(cpu) < 12 and abs(valid_loss(xla) - valid_loss(cpu)) < 0.05 * valid_loss(cpu), (valid_loss(xla), valid_loss(cpu))
+
+TWO_REPLICAS_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_applications import *
+
+def fit_and_count(learn):
+    checks = Checks()
+    learn.fit_one_cycle(5, 2e-2, cbs=checks)       # (2 replicas: half the steps of one, each of 128 items)
+    return checks.epochs
+
+learn = image_folder_learner(digits_folder('digits', size=32))
+epochs = learn.launch(fit_and_count, nprocs=2, transport='gloo')
+print('RESULT ' + json.dumps(dict(epochs=epochs, accuracy=final(learn, 'accuracy'))))
+"""
+
+def test_image_folder_with_aug_transforms_on_two_replicas(tmp_path):
+    """In a fresh process (fastai's item transforms of an image folder do not pickle on every fastai version: forked replicas).
+    Known gap, asserted as it is: on 2 gloo replicas `fit_one_cycle` compiles one graph in its second epoch, with or without
+    augmentation (one replica: none); the later epochs compile nothing. The gloo transport reads the device for every
+    step's gradient all-reduce (CPU collectives), so reads per epoch grow with the batches here, unlike on a TPU."""
+    import json, os, subprocess, sys
+    from pathlib import Path
+    (tmp_path/'two.py').write_text(TWO_REPLICAS_SCRIPT.format(tests=str(Path(__file__).parent)))
+    r = subprocess.run([sys.executable, 'two.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU', 'PYTHONPATH': str(Path(__file__).parents[1])})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout.split('RESULT ')[-1])
+    epochs = res['epochs']
+    assert epochs[1]['compiles'] <= 1 and [e['compiles'] for e in epochs[2:]] == [0, 0, 0], epochs
+    assert res['accuracy'] > 0.75, res

@@ -32,16 +32,9 @@ def collab_digits_learner(seed=0):
     dls = CollabDataLoaders.from_df(digits_ratings_frame(), bs=256, seed=42, num_workers=0)
     return collab_learner(dls, n_factors=16, y_range=(0, 16.5))
 
-class Checks(Callback):
-    "Counters of each epoch, and the types of the batch transforms that ran on the device."
-    order = 100
-    def before_fit(self): self.epochs = []
-    def before_epoch(self): self.c0 = xla_counters()
-    def after_epoch(self): self.epochs.append(counters_diff(xla_counters(), self.c0))
-
 def fit_xla(learn, fit):
     "`fit(learn)` on XLA with fastai's schedule; the epochs' counters, performance warnings and CPU fallbacks."
-    checks = Checks()
+    checks = EpochCounters()
     learn.add_cb(checks)
     with warnings.catch_warnings(record=True) as caught, learn.no_bar(), learn.no_logging():
         warnings.simplefilter('always')
@@ -97,7 +90,7 @@ sys.path.insert(0, {tests!r})
 from test_applications import *
 
 def fit_and_count(learn):
-    checks = Checks()
+    checks = EpochCounters()
     learn.fit_one_cycle(5, 2e-2, cbs=checks)       # (2 replicas: half the steps of one, each of 128 items)
     return checks.epochs
 

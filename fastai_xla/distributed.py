@@ -244,7 +244,7 @@ def _gloo_env(rank, world, port):
                 FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port),
                 PJRT_DEVICE=os.environ.get('PJRT_DEVICE', 'CPU'))
 
-# %% ../nbs/04_distributed.ipynb #05da9c10
+# %% ../nbs/04_distributed.ipynb #fcc8e8af
 def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
@@ -265,6 +265,15 @@ def _spawn_xla(job_dir, nprocs, start_method):
     import torch_xla.distributed.xla_multiprocessing as xmp
     xmp.spawn(_xla_entry, args=(str(job_dir),), nprocs=nprocs, start_method=start_method)
 
+def _run_replica_then_exit(job_dir):
+    "A replica process's whole life: its work done (and the result written), it leaves at once with status 0."
+    _run_replica(job_dir)
+    # Interpreter shutdown would now destroy gloo's and the store's C++ objects, and under load one of them can still
+    # have a joinable thread ("terminate called without an active exception"): a crash after the work is done would
+    # fail the launch and lose a good result. Nothing is left to tear down that matters, so skip the teardown.
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
+
 class _Forked:
     "A forked replica process, with the interface of `subprocess.Popen` that `_spawn_gloo` uses."
     def __init__(self, rank, world, port, job_dir):
@@ -273,7 +282,7 @@ class _Forked:
     @staticmethod
     def _run(rank, world, port, job_dir):
         os.environ.update(_gloo_env(rank, world, port))
-        _run_replica(job_dir)
+        _run_replica_then_exit(job_dir)
     def poll(self): return self.p.exitcode
     @property
     def returncode(self): return self.p.exitcode
@@ -319,7 +328,8 @@ def _stop(procs, grace:float=5.0):
         except subprocess.TimeoutExpired: p.kill(); p.wait()
 
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
-    _run_replica(sys.argv[1])
+    import fastai_xla.all   # every feature, as `from fastai_xla.all import *` gives the launching process (device augmentation...)
+    _run_replica_then_exit(sys.argv[1])
 
 # %% ../nbs/04_distributed.ipynb #bb1c9f7a
 def _start_method(start_method:str) -> str:

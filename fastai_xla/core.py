@@ -189,7 +189,7 @@ def to_host(b):
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 
-# %% ../nbs/00_core.ipynb #1eda628d
+# %% ../nbs/00_core.ipynb #f36fcea4
 import pickle
 
 class XLATransport:
@@ -237,13 +237,10 @@ class GlooTransport:
     def local_ordinal(self): return int(os.environ.get('FASTAI_XLA_LOCAL_RANK', self.ordinal()))   # one host unless told
     def count(self): return self._dist().get_world_size()
     def all_reduce_sum(self, tensors, scale=1.0):
-        tensors = list(tensors)
-        if not tensors: return
-        flat = torch.cat([t.detach().reshape(-1).float() for t in to_host(tensors)])
-        self._dist().all_reduce(flat)
-        flat = flat * scale
-        sizes = [t.numel() for t in tensors]
-        for t, part in zip(tensors, flat.split(sizes)): t.copy_(part.reshape(t.shape).to(t.dtype).to(t.device))
+        for group in _wire_groups(tensors):
+            flat = _host_flat(group)
+            self._dist().all_reduce(flat)
+            _copy_parts_(group, flat * scale if scale != 1 else flat)
     def all_gather(self, t):
         host = to_host(t.detach()).contiguous()
         parts = [torch.empty_like(host) for _ in range(self.count())]
@@ -251,14 +248,31 @@ class GlooTransport:
         res = torch.stack(parts)
         return to_xla(res, t.device) if is_xla(t) else res
     def broadcast_(self, tensors, src=0):
-        for t in tensors:
-            host = to_host(t.detach()).contiguous()
-            self._dist().broadcast(host, src)
-            t.copy_(host.to(t.device) if is_xla(t) else host)
+        for group in _wire_groups(tensors):
+            flat = _host_flat(group)
+            self._dist().broadcast(flat, src)
+            _copy_parts_(group, flat)
     def broadcast_object(self, obj, src=0, tag='broadcast'):
         box = [obj]; self._dist().broadcast_object_list(box, src)
         return box[0]
     def barrier(self, tag='barrier'): self._dist().barrier()
+
+def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
+
+def _wire_groups(tensors) -> list:
+    "`tensors` grouped by device and by the dtype they travel in (half floats as float32), in their order."
+    groups = {}
+    for t in tensors: groups.setdefault((t.device, _wire_dtype(t)), []).append(t)
+    return list(groups.values())
+
+def _host_flat(tensors) -> torch.Tensor:
+    "One host tensor holding every tensor of a group, one after the other (one read of the device)."
+    return torch.cat([t.detach().reshape(-1).to(_wire_dtype(t)) for t in to_host(list(tensors))])
+
+def _copy_parts_(tensors, flat):
+    "Copy the consecutive parts of the host tensor `flat` into `tensors`: sent to their device at once, split there."
+    if is_xla(tensors[0]): flat = flat.to(tensors[0].device)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])): t.copy_(part.reshape(t.shape).to(t.dtype))
 
 _transports = dict(xla=XLATransport(), gloo=GlooTransport())
 

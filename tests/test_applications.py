@@ -101,9 +101,9 @@ print('RESULT ' + json.dumps(dict(epochs=epochs, accuracy=final(learn, 'accuracy
 
 def test_image_folder_with_aug_transforms_on_two_replicas(tmp_path):
     """In a fresh process (fastai's item transforms of an image folder do not pickle on every fastai version: forked replicas).
-    Known gap, asserted as it is: on 2 gloo replicas `fit_one_cycle` compiles one graph in its second epoch, with or without
-    augmentation (one replica: none); the later epochs compile nothing. The gloo transport reads the device for every
-    step's gradient all-reduce (CPU collectives), so reads per epoch grow with the batches here, unlike on a TPU."""
+    No compilation after the first epoch on 2 replicas either (this failed until the gloo transport sent its results back as
+    one transfer: see 00_core, torch_xla's cache of scalars). The gloo transport reads the device for every step's gradient
+    all-reduce (CPU collectives), so reads per epoch grow with the batches here, unlike on a TPU."""
     import json, os, subprocess, sys
     from pathlib import Path
     (tmp_path/'two.py').write_text(TWO_REPLICAS_SCRIPT.format(tests=str(Path(__file__).parent)))
@@ -112,5 +112,5 @@ def test_image_folder_with_aug_transforms_on_two_replicas(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads(r.stdout.split('RESULT ')[-1])
     epochs = res['epochs']
-    assert epochs[1]['compiles'] <= 1 and [e['compiles'] for e in epochs[2:]] == [0, 0, 0], epochs
+    assert [e['compiles'] for e in epochs[1:]] == [0, 0, 0, 0], epochs
     assert res['accuracy'] > 0.75, res

@@ -1,0 +1,103 @@
+"""fastai's application recipes, as its tutorials write them, on the XLA device against the same recipe on eager CPU.
+
+    PJRT_DEVICE=CPU python benchmarks/apps.py [--epochs 3] [--recipes vision segmentation tabular collab] [--out /tmp]
+
+Each recipe is built from files on disk or a data frame with fastai's own high-level functions and defaults
+(fastai's `Adam`, `fit_one_cycle`, the default loader workers) and trained twice in this process, first on eager
+CPU, then with `.to_tpu_distributed()` (one replica, the CPU XLA device):
+- `vision`: `ImageDataLoaders.from_folder` (scikit-learn's digits written as 32x32 PNG files), `aug_transforms()`
+  (run on the device), `vision_learner(resnet18, pretrained=False, metrics=accuracy)`;
+- `segmentation`: `SegmentationDataLoaders.from_label_func` (the digits as 32x32 images and per-pixel digit masks),
+  `aug_transforms()`, `unet_learner(resnet18, pretrained=False, metrics=DiceMulti())`;
+- `tabular`: `TabularDataLoaders.from_df` (the 64 pixels as a frame, 8 of them categorical), `tabular_learner`;
+- `collab`: `CollabDataLoaders.from_df` (a ratings frame: users are digits, items pixels), `collab_learner`.
+Text (`AWD_LSTM`) has its own script, `text.py`.
+
+Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
+in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
+at the end (validation loss for collab) on each. Counts are exact and repeat from run to run; times are this
+machine's: the CPU XLA device runs convolutions much slower than PyTorch's CPU kernels, so the time ratio says
+nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure).
+`resnet18` is fastai's architecture with random weights (`pretrained=False`: this machine has no internet)."""
+import argparse, statistics, sys, time, warnings
+from pathlib import Path
+warnings.filterwarnings('ignore')
+from fastai.vision.all import *
+from fastai.tabular.all import *
+from fastai.collab import CollabDataLoaders, collab_learner
+from fastai_xla.all import *
+from fastai_xla.demo import digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes, digits_ratings_frame
+
+def vision(out):
+    path = digits_folder(out/'fastai_xla_digits32', size=32)
+    dls = ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=64, batch_tfms=aug_transforms())
+    return vision_learner(dls, resnet18, pretrained=False, metrics=accuracy), 'accuracy', 1e-2
+
+def segmentation(out):
+    path = digits_segmentation_folder(out/'fastai_xla_digits_seg32', size=32, classes='digit')
+    dls = SegmentationDataLoaders.from_label_func(path, get_image_files(path/'images'), digit_mask_path, bs=32,
+                                                  codes=segmentation_codes('digit'), valid_pct=0.2, seed=42,
+                                                  batch_tfms=aug_transforms())
+    return unet_learner(dls, resnet18, pretrained=False, metrics=DiceMulti()), 'dice_multi', 1e-3
+
+def digits_table():
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)]); df['digit'] = y.astype(str)
+    cats = [f'p{i}' for i in range(32, 40)]                        # the middle row's 8 pixels, as categories
+    for c in cats: df[c] = df[c].astype(int).astype(str)
+    return df, cats, [c for c in df.columns if c.startswith('p') and c not in cats]
+
+def tabular(out):
+    df, cats, conts = digits_table()
+    dls = TabularDataLoaders.from_df(df, procs=[Categorify, FillMissing, Normalize], cat_names=cats, cont_names=conts,
+                                     y_names='digit', y_block=CategoryBlock(), valid_idx=list(range(0, len(df), 5)), bs=64)
+    return tabular_learner(dls, metrics=accuracy), 'accuracy', 1e-2
+
+def collab(out):
+    dls = CollabDataLoaders.from_df(digits_ratings_frame(), bs=256, seed=42)
+    return collab_learner(dls, n_factors=32, y_range=(0, 16.5)), 'valid_loss', 5e-2
+
+RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab)
+
+class EpochStats(Callback):
+    "Each epoch's time and, on XLA, its counters."
+    order = 100
+    def __init__(self, on_xla): self.on_xla = on_xla
+    def before_fit(self): self.epochs = []
+    def before_epoch(self):
+        self.t0, self.c0 = time.perf_counter(), xla_counters() if self.on_xla else {}
+    def after_epoch(self):
+        e = counters_diff(xla_counters(), self.c0) if self.on_xla else {}
+        self.epochs.append(dict(e, seconds=time.perf_counter() - self.t0))
+
+def final(learn, name):
+    names = list(learn.recorder.metric_names[1:-1])     # without 'epoch' and 'time'
+    return learn.recorder.values[-1][names.index(name)]
+
+def run(recipe, out, epochs, on_xla):
+    set_seed(0)
+    learn, metric, lr = RECIPES[recipe](out)
+    if on_xla: learn = learn.to_tpu_distributed()
+    stats = EpochStats(on_xla)
+    with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(epochs, lr, cbs=stats)
+    return stats.epochs, final(learn, metric), metric
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--epochs', type=int, default=3)
+    p.add_argument('--recipes', nargs='+', default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument('--out', default='/tmp')
+    a = p.parse_args()
+    xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
+    print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) | metric | eager | XLA |')
+    print('|---|---|---|---|---|---|---|---|---|---|')
+    for r in a.recipes:
+        eager, m_eager, metric = run(r, Path(a.out), a.epochs, on_xla=False)
+        xla, m_xla, _ = run(r, Path(a.out), a.epochs, on_xla=True)
+        t_eager, t_xla = (statistics.median(e['seconds'] for e in es[1:]) for es in (eager, xla))
+        print(f"| {r} | {t_eager:.2f} | {t_xla:.2f} | {t_xla / t_eager:.2f} | {xla[0]['compiles']} | "
+              f"{sum(e['compiles'] for e in xla[1:])} | {max(e['to_host'] for e in xla)} | {metric} | {m_eager:.4f} | {m_xla:.4f} |",
+              flush=True)
+
+if __name__ == '__main__': main()

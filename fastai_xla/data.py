@@ -232,7 +232,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #19b1d88a
+# %% ../nbs/02_data.ipynb #4e84aee3
 def _move_tfms_to(pipe, device):
     "Move the tensors held by the transforms of `pipe` to `device`, as fastai's `DataLoader.device` setter does."
     DataLoader.device.fset(SimpleNamespace(after_batch=pipe), device)
@@ -240,9 +240,20 @@ def _move_tfms_to(pipe, device):
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
-    def __init__(self, dl, device=None, rank:int=0, world_size:int=1, seed:int|None=None,
-                 batch_tfms_on:str='auto', prefetch:int|None=None, num_workers:int|None=None, sharding=None,
-                 whole_table:bool=True, cache_items:bool=False, seq_buckets:list|None=None):
+    def __init__(self,
+                 dl, # the fastai `DataLoader` to take batches from
+                 device=None, # the XLA device (default: this process's)
+                 rank:int=0, # this replica's ordinal: which shard it reads
+                 world_size:int=1, # how many replicas share out the items
+                 seed:int|None=None, # seed of each epoch's item order, the same on every replica (default: drawn)
+                 batch_tfms_on:str='auto', # where fastai's batch transforms run: 'auto' (the device for those it can run), 'cpu' or 'device'
+                 prefetch:int|None=None, # batches a background thread copies ahead (default: 2, none on the CPU device)
+                 num_workers:int|None=None, # loader worker processes (default: the wrapped loader's)
+                 sharding=None, # SPMD: how a batch is split over the devices (`to_tpu_spmd` sets it)
+                 whole_table:bool=True, # tabular: build each batch from the whole processed table at once
+                 cache_items:bool=False, # make every item once and keep it (deterministic item transforms only)
+                 seq_buckets:list|None=None, # text: the lengths batches are padded to (default: multiples of seq_len)
+                ):
         if isinstance(dl, XLADataLoader): dl = dl.dl
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "

@@ -160,14 +160,25 @@ class BreakMidEpoch(Callback):
 def fails_on_replica_1(learn):
     learn.fit(3, cbs=BreakMidEpoch())
 
-def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback():
-    "Replica 0 is then waiting for replica 1's gradients: it must be stopped, not left hanging."
-    import time
+def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback(tmp_path, monkeypatch):
+    "Replica 0 is then waiting for replica 1's gradients: it must be stopped, not left hanging. Asked to, the launch keeps its files."
+    import time, tempfile
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))          # where the launch makes its job directory
     learn = indexed_learner(bs=32)
     t = time.time()
-    with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo')
+    with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo', keep_failed_job=True)
     assert time.time() - t < 60
     assert 'replica 1 breaks on purpose' in str(e.value) and 'error-1' in str(e.value)
+    kept = list(tmp_path.glob('fastai_xla-*'))
+    assert len(kept) == 1 and 'replica 1 breaks on purpose' in (kept[0]/'error-1.txt').read_text()
+
+def returns_its_count(learn): return replica_count()   # and fits nothing: no Recorder history to bring back
+
+def test_launch_leaves_no_files_behind(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+    assert indexed_learner(bs=32).launch(returns_its_count, nprocs=2, transport='gloo') == 2
+    assert not list(tmp_path.glob('fastai_xla-*'))
 
 SEGMENTATION_SCRIPT = """
 import json, sys

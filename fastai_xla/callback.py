@@ -22,10 +22,10 @@ from .pickling import *
 from .data import *
 
 # %% auto #0
-__all__ = ['move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights', 'xla_steppers', 'DeviceSmoothLoss', 'DeviceTotal',
-           'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items', 'is_sharded', 'handles',
-           'finding_lr', 'TPUCallback', 'RestoreAfterLRFind', 'StepBoundaryCallback', 'xla_dataloaders',
-           'is_xla_learner']
+__all__ = ['xla_learner_checks', 'xla_learner_setups', 'move_model', 'rebind_optimizer', 'prefer_foreach', 'decay_weights',
+           'xla_steppers', 'DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'fetch_to_host',
+           'gather_in_order', 'phase_items', 'is_sharded', 'handles', 'finding_lr', 'TPUCallback', 'RestoreAfterLRFind',
+           'StepBoundaryCallback', 'xla_dataloaders', 'is_xla_learner', 'on_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
@@ -209,7 +209,7 @@ def __call__(self:Learner, event_name):
 
 Learner.__call__.fastai_original = _fastai_call
 
-# %% ../nbs/03_callback.ipynb #49ceb7b0
+# %% ../nbs/03_callback.ipynb #340fba1f
 def finding_lr(learn) -> bool:
     "Is `learn` in fastai's `lr_find` (an `LRFinder` among its callbacks)?"
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
@@ -222,8 +222,7 @@ class TPUCallback(Callback):
     def before_fit(self):
         self.device, self.losses_on_host = self.device or xla_device(), 0
         check_autograd(self.device)
-        from fastai_xla.precision import xla_precision_cbs
-        xla_precision_cbs(self.learn.cbs)   # refuses a CUDA MixedPrecision added after to_xla
+        for check in xla_learner_checks: check(self.learn)   # (precision: refuses a CUDA MixedPrecision added after to_xla)
         moved = move_model(self.model, self.device)
         if getattr(self.learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, self.learn.splitter)
@@ -401,7 +400,7 @@ class StepBoundaryCallback(Callback):
 
     def after_fit(self): self.device_loss = None
 
-# %% ../nbs/03_callback.ipynb #1b1250a8
+# %% ../nbs/03_callback.ipynb #534d234c
 @delegates(XLADataLoader.__init__)
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
@@ -417,22 +416,24 @@ def is_xla_learner(learn) -> bool:
     "Does `learn` train on XLA (has a `TPUCallback`)?"
     return any(isinstance(cb, TPUCallback) for cb in getattr(learn, 'cbs', []))
 
+xla_learner_checks, xla_learner_setups = [], []   # filled by the feature modules (precision, diagnostics) when imported
+
+def on_xla_learner(check=None, setup=None):
+    "Register a feature's `check(learn)` (raises before `to_xla` changes anything, and before each fit) and `setup(learn)` (ends `to_xla`)."
+    if check is not None and check not in xla_learner_checks: xla_learner_checks.append(check)
+    if setup is not None and setup not in xla_learner_setups: xla_learner_setups.append(setup)
+
 @patch
 @delegates(xla_dataloaders)
 def to_xla(self:Learner, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "Train this learner on one XLA device: wrap its `DataLoaders`, add `TPUCallback` and `StepBoundaryCallback`."
     device = device or xla_device()
     check_autograd(device)
-    from fastai_xla.precision import xla_precision_cbs   # fastai's CUDA mixed precision -> XLA's
-    cuda_precision = [cb for cb in self.cbs if type(cb).__name__ == 'MixedPrecision']
-    xla_precision = xla_precision_cbs(cuda_precision)       # (refuses float16 before anything changes)
-    dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **kwargs)   # (refuses bad loader settings, same)
-    self.remove_cbs(cuda_precision)
-    self.add_cbs(xla_precision)
-    self.dls = dls
-    from fastai_xla.diagnostics import XLADiagnostics
-    for cb in (TPUCallback, StepBoundaryCallback, XLADiagnostics):
+    for check in xla_learner_checks: check(self)       # refuse what cannot run (float16) before anything changes
+    self.dls = xla_dataloaders(self.dls, device, rank, world_size, seed, **kwargs)   # (refuses bad loader settings, same)
+    for cb in (TPUCallback, StepBoundaryCallback):
         if not any(isinstance(c, cb) for c in self.cbs): self.add_cb(cb(device) if cb is TPUCallback else cb())
+    for setup in xla_learner_setups: setup(self)       # the features' own (XLA's mixed precision, diagnostics)
     moved = move_model(self.model, device)
     if getattr(self, 'opt', None) is not None: rebind_optimizer(self.opt, self.model, moved, self.splitter)
     return self

@@ -12,9 +12,9 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['XLAMixedPrecision', 'xla_precision_cbs']
+__all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision']
 
-# %% ../nbs/06_precision.ipynb #263df5bf
+# %% ../nbs/06_precision.ipynb #51980d04
 class XLAMixedPrecision(MixedPrecision):
     "bfloat16 mixed precision on an XLA device: XLA autocast, no grad scaler."
     order = MixedPrecision.order
@@ -37,6 +37,18 @@ def xla_precision_cbs(cbs):
             cb = XLAMixedPrecision()
         res.append(cb)
     return res
+
+def refuse_float16(learn):
+    "Raise if `learn` has fastai's float16 `MixedPrecision` (CUDA's), which XLA devices do not run."
+    xla_precision_cbs([cb for cb in learn.cbs if type(cb) is MixedPrecision])
+
+def use_xla_precision(learn):
+    "Replace `learn`'s fastai bf16 `MixedPrecision` by `XLAMixedPrecision`."
+    cuda = [cb for cb in learn.cbs if type(cb) is MixedPrecision]
+    learn.remove_cbs(cuda)
+    learn.add_cbs(xla_precision_cbs(cuda))
+
+on_xla_learner(check=refuse_float16, setup=use_xla_precision)
 
 # %% ../nbs/06_precision.ipynb #13cb0e32
 _fastai_to_bf16, _fastai_to_fp16 = (getattr(f, 'fastai_original', f) for f in (Learner.to_bf16, Learner.to_fp16))

@@ -187,7 +187,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
-# %% ../nbs/03_callback.ipynb #38816c30
+# %% ../nbs/03_callback.ipynb #e9b9beef
 def handles(cb, event_name:str) -> bool:
     "Could `cb` do anything at `event_name`? If not, fastai's `Callback.__call__` would look it up and do nothing."
     return (hasattr(type(cb), event_name) or event_name in cb.__dict__
@@ -196,18 +196,14 @@ def handles(cb, event_name:str) -> bool:
 
 def _order(cb): return getattr(cb, 'order', 0)
 
-_fastai_call = getattr(Learner.__call__, 'fastai_original', Learner.__call__)
-
 @patch
 def __call__(self:Learner, event_name):
     "Run the callbacks at `event_name`; on an XLA learner, only those that handle it (see `handles`)."
-    if not is_xla_learner(self): return _fastai_call(self, event_name)
+    if not is_xla_learner(self): return Learner._orig___call__(self, event_name)   # fastai's (kept by fastcore's `patch`)
     for name in ((event_name,) if isinstance(event_name, str) else event_name):   # fastai also sends lists of events
         if not hasattr(event, name): raise Exception(f'missing {name}')
         for cb in sorted(self.cbs, key=_order):
             if handles(cb, name): cb(name)
-
-Learner.__call__.fastai_original = _fastai_call
 
 # %% ../nbs/03_callback.ipynb #340fba1f
 def finding_lr(learn) -> bool:

@@ -94,9 +94,7 @@ def _read_checkpoint_error(file, e):
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #fb7ff00b
-_fastai_save, _fastai_load, _fastai_export = (getattr(f, 'fastai_original', f) for f in (Learner.save, Learner.load, Learner.export))
-
+# %% ../nbs/05_checkpoint.ipynb #d6032a1d
 def save_on_xla(learn, file, state, pickle_protocol:int=2) -> Path:
     "Write `state()` (CPU tensors) to `file` in `learn`'s model directory for an XLA learner: after this replica's pending step, atomically, by the first replica of each host, counted for `load_on_xla`'s wait."
     file = join_path_file(file, learn.path/learn.model_dir, ext='.pth')
@@ -110,7 +108,7 @@ def save_on_xla(learn, file, state, pickle_protocol:int=2) -> Path:
 @patch
 def save(self:Learner, file, with_opt:bool=True, pickle_protocol:int=2, **kwargs):
     "Save model and optimizer state to `self.path/self.model_dir/file`; on XLA as CPU tensors, atomically, once per host."
-    if not is_xla_learner(self): return _fastai_save(self, file, with_opt=with_opt, pickle_protocol=pickle_protocol, **kwargs)
+    if not is_xla_learner(self): return Learner._orig_save(self, file, with_opt=with_opt, pickle_protocol=pickle_protocol, **kwargs)
     return save_on_xla(self, file, lambda: host_state(self.model, getattr(self, 'opt', None), with_opt), pickle_protocol)
 
 def load_on_xla(learn, fastai_load, file, **kwargs):
@@ -125,10 +123,10 @@ def load_on_xla(learn, fastai_load, file, **kwargs):
 @patch
 def load(self:Learner, file, device=None, **kwargs):
     "Load model and optimizer state from `self.path/self.model_dir/file`; on XLA through the CPU, on every replica."
-    if not is_xla_learner(self): return _fastai_load(self, file, device=device, **kwargs)
-    return load_on_xla(self, _fastai_load, file, **kwargs)
+    if not is_xla_learner(self): return Learner._orig_load(self, file, device=device, **kwargs)
+    return load_on_xla(self, Learner._orig_load, file, **kwargs)
 
-# %% ../nbs/05_checkpoint.ipynb #7a8ae7f4
+# %% ../nbs/05_checkpoint.ipynb #3bafe9b3
 def cpu_copy(model:nn.Module) -> nn.Module:
     "A copy of `model` on the CPU, with the tensors modules keep as plain attributes (fastai's `AWD_LSTM.hidden`, `WeightDropout`'s dropped weights)."
     on_cpu = {}                                        # deepcopy's memo: these tensors are copied as given here
@@ -144,7 +142,7 @@ def cpu_copy(model:nn.Module) -> nn.Module:
 @patch
 def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_protocol=2):
     "Export for inference; an XLA learner is exported as the CPU learner it was before `to_xla`."
-    if not is_xla_learner(self): return _fastai_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    if not is_xla_learner(self): return Learner._orig_export(self, fname, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     step_boundary()
     if not is_local_master(): return
     xla_cbs = [cb for cb in self.cbs if type(cb).__module__.startswith('fastai_xla')]
@@ -158,15 +156,13 @@ def export(self:Learner, fname='export.pkl', pickle_module=cloudpickle, pickle_p
         if hasattr(self.loss_func, 'to'): self.loss_func.to('cpu')
         target = Path(self.path/fname)
         tmp_name = f'.{target.name}.{os.getpid()}.tmp'
-        _fastai_export(self, Path(fname).with_name(tmp_name), pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+        Learner._orig_export(self, Path(fname).with_name(tmp_name), pickle_module=pickle_module, pickle_protocol=pickle_protocol)
         os.replace(target.with_name(tmp_name), target)
     finally:
         self.model, self.dls = xla_model, xla_dls
         if rec is not None: rec.smooth_loss = smooth
         self.add_cbs(xla_cbs)
         if self.opt is not None: rebind_optimizer(self.opt, self.model, {}, self.splitter)
-
-Learner.save.fastai_original, Learner.load.fastai_original, Learner.export.fastai_original = _fastai_save, _fastai_load, _fastai_export
 
 # %% ../nbs/05_checkpoint.ipynb #f8a15420
 def _rng_states():

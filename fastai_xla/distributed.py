@@ -75,7 +75,7 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
     if world > 1: silence_non_masters()
     return self
 
-# %% ../nbs/04_distributed.ipynb #770dbcc7
+# %% ../nbs/04_distributed.ipynb #6b6bad86
 def _store_host() -> str:
     for name in ('FASTAI_XLA_STORE_ADDR', 'FASTAI_XLA_MASTER_ADDR', 'MASTER_ADDR'):
         if os.environ.get(name): return os.environ[name]
@@ -112,12 +112,10 @@ def watch_replicas(store, interval:float=0.5):
     t.start()
     return t
 
-_fastai_fit = getattr(Learner.fit, 'fastai_original', Learner.fit)
-
 @patch
 def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, start_epoch=0):
     "fastai's `fit`; on a replica of a multi-replica run, a failure is first told to the other replicas."
-    try: return _fastai_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)
+    try: return Learner._orig_fit(self, n_epoch, lr=lr, wd=wd, cbs=cbs, reset_opt=reset_opt, start_epoch=start_epoch)
     except BaseException as e:
         if meeting_store() is None or isinstance(e, ReplicasDiverged): raise
         failure = replica_failure()
@@ -126,16 +124,11 @@ def fit(self:Learner, n_epoch, lr=None, wd=None, cbs=None, reset_opt=False, star
         tell_replicas(f"replica {replica_ordinal()} failed in fit:\n{''.join(traceback.format_exception(e))}")
         raise
 
-Learner.fit.fastai_original = _fastai_fit
-
-_fastai_predict = getattr(Learner.predict, 'fastai_original', Learner.predict)
 
 @patch
 def predict(self:Learner, item, rm_type_tfms=None, with_input=False):
     "fastai's `predict`, on this replica alone (its one-item loader is not sharded): the master may predict without the others."
-    with replica_local_loaders(): return _fastai_predict(self, item, rm_type_tfms=rm_type_tfms, with_input=with_input)
-
-Learner.predict.fastai_original = _fastai_predict
+    with replica_local_loaders(): return Learner._orig_predict(self, item, rm_type_tfms=rm_type_tfms, with_input=with_input)
 
 # %% ../nbs/04_distributed.ipynb #4b58d109
 class _EventLog:

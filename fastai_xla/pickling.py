@@ -13,15 +13,11 @@ from .core import *
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/01_pickling.ipynb #578f0c92
-_tensorbase_reduce_ex = getattr(TensorBase.__reduce_ex__, 'fastai_original', TensorBase.__reduce_ex__)
-
+# %% ../nbs/01_pickling.ipynb #a88dc748
 @patch
 def __reduce_ex__(self:TensorBase, proto):
     if is_xla(self): return to_host(self).__reduce_ex__(proto)
-    return _tensorbase_reduce_ex(self, proto)
-
-TensorBase.__reduce_ex__.fastai_original = _tensorbase_reduce_ex
+    return TensorBase._orig___reduce_ex__(self, proto)   # fastai's, which fastcore's `patch` keeps
 
 # %% ../nbs/01_pickling.ipynb #3d6a1af4
 @patch

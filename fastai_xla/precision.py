@@ -50,13 +50,11 @@ def use_xla_precision(learn):
 
 on_xla_learner(check=refuse_float16, setup=use_xla_precision)
 
-# %% ../nbs/06_precision.ipynb #13cb0e32
-_fastai_to_bf16, _fastai_to_fp16 = (getattr(f, 'fastai_original', f) for f in (Learner.to_bf16, Learner.to_fp16))
-
+# %% ../nbs/06_precision.ipynb #789e35a4
 @patch
 def to_bf16(self:Learner):
     "bfloat16 mixed precision (`XLAMixedPrecision` on XLA)."
-    if not is_xla_learner(self): return _fastai_to_bf16(self)
+    if not is_xla_learner(self): return Learner._orig_to_bf16(self)
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, MixedPrecision)])
     return self.add_cb(XLAMixedPrecision())
 
@@ -64,6 +62,4 @@ def to_bf16(self:Learner):
 def to_fp16(self:Learner, **kwargs):
     "float16 mixed precision (CUDA only: on XLA use `to_bf16`)."
     if is_xla_learner(self): xla_precision_cbs([MixedPrecision(**kwargs)])
-    return _fastai_to_fp16(self, **kwargs)
-
-Learner.to_bf16.fastai_original, Learner.to_fp16.fastai_original = _fastai_to_bf16, _fastai_to_fp16
+    return Learner._orig_to_fp16(self, **kwargs)

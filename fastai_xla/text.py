@@ -323,12 +323,14 @@ def language_model_streams(dl, world_size:int=1):
     if not isinstance(dl, LMDataLoader): return None
     return dl.new(cls=SeededLMDataLoader, rows=dl.bs * world_size)
 
-# %% ../nbs/11_text.ipynb #496c0086
+# %% ../nbs/11_text.ipynb #50478b9d
 from fastai.text.learner import TextLearner
 from .callback import is_xla_learner
 from .checkpoint import load_on_xla, save_on_xla
 from fastai.torch_core import get_model
 
+# fastai's own methods, kept by hand: fastcore's `patch` keeps an original as `_orig_load` only where the class has
+# none, and `TextLearner` inherits `Learner._orig_load` (checkpoint's patch), which is not `TextLearner.load`
 _fastai_text_load, _fastai_load_encoder, _fastai_save_encoder = (getattr(f, 'fastai_original', f) for f in
     (TextLearner.load, TextLearner.load_encoder, TextLearner.save_encoder))
 

@@ -26,7 +26,8 @@ from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
 from fastai_xla.all import *
-from fastai_xla.demo import digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes, digits_ratings_frame
+from fastai_xla.demo import (digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes,
+                             digits_ratings_frame, digits_frame)
 
 def vision(out):
     path = digits_folder(out/'fastai_xla_digits32', size=32)
@@ -40,16 +41,8 @@ def segmentation(out):
                                                   batch_tfms=aug_transforms())
     return unet_learner(dls, resnet18, pretrained=False, metrics=DiceMulti()), 'dice_multi', 1e-3
 
-def digits_table():
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)]); df['digit'] = y.astype(str)
-    cats = [f'p{i}' for i in range(32, 40)]                        # the middle row's 8 pixels, as categories
-    for c in cats: df[c] = df[c].astype(int).astype(str)
-    return df, cats, [c for c in df.columns if c.startswith('p') and c not in cats]
-
 def tabular(out):
-    df, cats, conts = digits_table()
+    df, cats, conts = digits_frame()
     dls = TabularDataLoaders.from_df(df, procs=[Categorify, FillMissing, Normalize], cat_names=cats, cont_names=conts,
                                      y_names='digit', y_block=CategoryBlock(), valid_idx=list(range(0, len(df), 5)), bs=64)
     return tabular_learner(dls, metrics=accuracy), 'accuracy', 1e-2
@@ -89,6 +82,7 @@ def main():
     p.add_argument('--recipes', nargs='+', default=list(RECIPES), choices=list(RECIPES))
     p.add_argument('--out', default='/tmp')
     a = p.parse_args()
+    if a.epochs < 2: p.error('--epochs must be at least 2: the first epoch compiles and is not timed')
     xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
     print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) | metric | eager | XLA |')
     print('|---|---|---|---|---|---|---|---|---|---|')

@@ -10,7 +10,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['docstring_sources', 'make_once', 'digits_arrays', 'digits_folder', 'digits_segmentation_folder', 'digit_mask_path',
-           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv', 'digits_ratings_frame']
+           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv', 'digits_ratings_frame',
+           'digits_frame']
 
 # %% ../nbs/09_demo.ipynb #94c658e7
 def make_once(path, write) -> Path:
@@ -125,3 +126,16 @@ def digits_ratings_frame(n_users:int|None=600):
     images = load_digits().data[:n_users]          # ink 0-16, one row of 64 pixels per image
     users, items = np.meshgrid(np.arange(len(images)), np.arange(images.shape[1]), indexing='ij')
     return pd.DataFrame({'user': users.ravel(), 'item': items.ravel(), 'rating': images.ravel().astype('float32')})
+
+# %% ../nbs/09_demo.ipynb #17af56c0
+def digits_frame():
+    "The digits as a frame (`p0`...`p63`, `digit`), the middle row's 8 pixels as categories; and the categorical and continuous names."
+    import pandas as pd
+    from sklearn.datasets import load_digits
+    X, y = load_digits(return_X_y=True)
+    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)])
+    df['digit'] = y.astype(str)
+    cats = [f'p{i}' for i in range(32, 40)]
+    for c in cats: df[c] = df[c].astype(int).astype(str)
+    conts = [c for c in df.columns if c.startswith('p') and c not in cats]
+    return df, cats, conts

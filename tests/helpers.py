@@ -5,6 +5,7 @@ from fastai.callback.all import *
 from fastai.vision.all import ConvLayer, Flatten
 from fastai.tabular.all import TabularPandas, tabular_learner, Categorify, Normalize as TabNormalize, CategoryBlock
 from fastai_xla.all import *
+from fastai_xla.demo import digits_frame
 
 def digits_cnn():
     return nn.Sequential(ConvLayer(1, 16, stride=2), ConvLayer(16, 32, stride=2), nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(32, 10))
@@ -20,17 +21,6 @@ class EpochCounters(Callback):
     def before_fit(self): self.epochs = []
     def before_epoch(self): self.c0 = xla_counters()
     def after_epoch(self): self.epochs.append(counters_diff(xla_counters(), self.c0))
-
-def digits_frame():
-    "scikit-learn's digits as a table: 64 pixel columns (values 0-16); the 8 pixels of the middle row are treated as categories."
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)])
-    df['digit'] = y.astype(str)
-    cats = [f'p{i}' for i in range(32, 40)]
-    for c in cats: df[c] = df[c].astype(int).astype(str)
-    conts = [c for c in df.columns if c.startswith('p') and c not in cats]
-    return df, cats, conts
 
 def tabular_digits_learner(seed=0, bs=64):
     set_seed(seed, reproducible=True)

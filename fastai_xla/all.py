@@ -2,6 +2,7 @@
 from .core import *
 from .pickling import *
 from .data import *
+from .optimizer import *
 from .callback import *
 from .distributed import *
 from .checkpoint import *

@@ -13,6 +13,8 @@ cannot take the others down) on the same data, model, batch size and optimizer:
 - `fastai_xla_cached`: the same with `to_tpu_distributed(cache_items=True)`: each item made once
   (these data sets are in memory and their item transforms are deterministic), as the
   reference loop, which makes its tensors before it starts, does;
+- `fastai_xla_defaults`: the same Learner with fastai's defaults for the optimizer and the loss: fastai's own `Adam`
+  (`wd=0.01`) and `CrossEntropyLossFlat`, `accuracy`, through `to_tpu_distributed()`;
 - `naive`: the same Learner with `dls.device` set to the XLA device and the model moved first.
 - `reference_spmd` and `fastai_xla_spmd` (with `--spmd-devices N`, default 8): the same on
   one process over N simulated XLA CPU devices (`CPU_NUM_DEVICES=N`), SPMD: the reference
@@ -27,8 +29,15 @@ then the median over `--repeats` runs. Each measured run alternates with a run o
 reference, and its ratio divides its epoch time by that of the reference run just before it,
 so that a slow spell of this shared machine hits both; the table gives the median of these
 paired ratios and their range (each round runs the reference, then `fastai_xla`, then
-`fastai_xla_cached`; both divide by that round's reference). The naive row (one run) divides by the median reference."""
-import argparse, json, os, statistics, subprocess, sys, time
+`fastai_xla_cached`, then `fastai_xla_defaults`; each divides by that round's reference). The naive row (one run)
+divides by the median reference.
+
+`--counts` prints instead what each XLA run costs the host per training step, counted rather than timed (exact and
+repeatable, whatever the machine's load): XLA operations traced (the sum of torch_xla's `xla::` counters) and Python
+function calls (`sys.setprofile` 'call' and 'c_call' events, in every thread, the loader's included), over the
+training steps of the second epoch (the first compiles), one process per row; `fastai_xla_defaults_cached` is
+`fastai_xla_defaults` with `cache_items=True`."""
+import argparse, json, os, statistics, subprocess, sys, threading, time
 from reference_loop import train_reference, digits_tensors, xla_counters as counters
 
 MODELS = ['mlp', 'cnn', 'tabular']
@@ -86,7 +95,7 @@ def reference_tensors(model_name):
         return (ct, xt), yt, (cv, xv), yv
     raise ValueError(model_name)
 
-def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False):
+def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False, counts=None):
     "The hand-written loop of reference_loop.py on this model's tensors (for images it also does the batch transforms, on the device)."
     import torch
     xt, yt, xv, yv = reference_tensors(model_name); torch.manual_seed(0)
@@ -94,9 +103,27 @@ def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False):
         mean, std = torch.tensor(0.3).to(d), torch.tensor(0.35).to(d)
         return lambda x: ((x.float() / 16. - mean) / std,)
     return train_reference(make_model(model_name), (*xt, yt), (*xv, yv), epochs, bs=bs, spmd=spmd, eager_cpu=eager_cpu,
-                           prep=image_prep if model_name == 'cnn' else None)
+                           prep=image_prep if model_name == 'cnn' else None, counts=counts)
 
-def _fastai_learner(model_name, bs=64):
+class StepCounts:
+    "XLA operations traced and Python calls made between `start` and `stop`, in every thread."
+    def __init__(self): self.calls, self.steps = 0, 0
+    def _count(self, frame, event, arg):
+        if event in ('call', 'c_call'): self.calls += 1
+    def start(self):
+        self.ops0 = xla_ops()
+        threading.setprofile(self._count); sys.setprofile(self._count)
+    def stop(self, steps:int):
+        sys.setprofile(None); threading.setprofile(None)
+        self.ops, self.steps = xla_ops() - self.ops0, steps
+    def per_step(self): return dict(xla_ops=self.ops / self.steps, py_calls=self.calls / self.steps, steps=self.steps)
+
+def xla_ops() -> int:
+    "XLA operations traced so far: the sum of torch_xla's `xla::` counters."
+    import torch_xla.debug.metrics as met
+    return sum(met.counter_value(k) for k in met.counter_names() if k.startswith('xla::'))
+
+def _fastai_learner(model_name, bs=64, defaults=False):
     import torch
     from functools import partial
     from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, accuracy, OptimWrapper
@@ -109,6 +136,7 @@ def _fastai_learner(model_name, bs=64):
     elif bs != 64: raise ValueError('only the MLP takes another batch size')
     else: dls = image_dls() if model_name == 'cnn' else tabular_dls()
     torch.manual_seed(0)
+    if defaults: return Learner(dls, make_model(model_name), loss_func=CrossEntropyLossFlat(), metrics=accuracy)
     return Learner(dls, make_model(model_name), loss_func=CrossEntropyLossFlat(), metrics=accuracy,
                    opt_func=partial(OptimWrapper, opt=torch.optim.Adam))
 
@@ -137,15 +165,38 @@ def alternate_fits(learn, settings:dict, rounds:int, epochs:int=3) -> dict:
             if r: times[k] += timer.times[1:]
     return {k: statistics.median(v) for k, v in times.items()}
 
-def run_fastai_xla(model_name, epochs, spmd=False, bs=64, cache_items=False):
+def _counting_callback(counts:StepCounts, epoch:int=1):
+    "A callback that counts the training steps of `epoch` into `counts`."
+    from fastai.callback.core import Callback
+    class CountSteps(Callback):
+        order = -100   # around everything else of the step
+        def before_train(self):
+            if self.epoch == epoch: self.n = 0; counts.start()
+        def after_batch(self):
+            if self.epoch == epoch and self.training: self.n += 1
+        def after_train(self):
+            if self.epoch == epoch: counts.stop(self.n)
+    return CountSteps()
+
+def run_fastai_xla(model_name, epochs, spmd=False, bs=64, cache_items=False, defaults=False, count=False):
     from fastai_xla.all import xla_device
-    if spmd: learn = _fastai_learner(model_name, bs).to_tpu_spmd(cache_items=cache_items)
+    if spmd: learn = _fastai_learner(model_name, bs, defaults).to_tpu_spmd(cache_items=cache_items)
     else:
         xla_device()
-        learn = _fastai_learner(model_name, bs).to_tpu_distributed(cache_items=cache_items)
+        learn = _fastai_learner(model_name, bs, defaults).to_tpu_distributed(cache_items=cache_items)
+    if count:
+        counts = StepCounts()
+        with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2, cbs=_counting_callback(counts))
+        return counts.per_step()
     timer = _Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
+
+def count_reference(model_name, spmd=False):
+    "The hand-written loop's counts per training step of its second epoch."
+    counts = StepCounts()
+    run_reference(model_name, 2, spmd=spmd, counts=counts)
+    return counts.per_step()
 
 def run_fastai_cpu(model_name, epochs):
     "The fastai Learner on PyTorch's own CPU device, without XLA: fastai's own cost next to `reference_cpu`."
@@ -166,6 +217,10 @@ def run_naive(model_name, epochs):
 
 RUNNERS = dict(reference=run_reference, fastai_xla=run_fastai_xla, naive=run_naive, fastai_cpu=run_fastai_cpu,
                fastai_xla_cached=lambda m, e: run_fastai_xla(m, e, cache_items=True),
+               fastai_xla_defaults=lambda m, e: run_fastai_xla(m, e, defaults=True),
+               count_reference=lambda m, e: count_reference(m), count_fastai_xla=lambda m, e: run_fastai_xla(m, e, count=True),
+               count_fastai_xla_defaults=lambda m, e: run_fastai_xla(m, e, defaults=True, count=True),
+               count_fastai_xla_defaults_cached=lambda m, e: run_fastai_xla(m, e, defaults=True, count=True, cache_items=True),
                reference_cpu=lambda m, e: run_reference(m, e, eager_cpu=True),
                reference_spmd=lambda m, e: run_reference(m, e, spmd=True), fastai_xla_spmd=lambda m, e: run_fastai_xla(m, e, spmd=True))
 
@@ -196,7 +251,8 @@ def combine(ss):
     return dict(ss[-1], epoch_s=statistics.median(s['epoch_s'] for s in ss))
 
 # each measured run and the reference it is divided by; the two alternate, so that a slow spell of the machine hits both
-PAIRS = {'fastai_xla': 'reference', 'fastai_xla_cached': 'reference', 'fastai_cpu': 'reference_cpu',
+PAIRS = {'fastai_xla': 'reference', 'fastai_xla_cached': 'reference', 'fastai_xla_defaults': 'reference',
+         'fastai_cpu': 'reference_cpu',
          'fastai_xla_spmd': 'reference_spmd'}
 
 def paired_ratios(refs, runs):
@@ -238,15 +294,17 @@ def main():
     p.add_argument('--timeout', type=int, default=900)
     p.add_argument('--spmd-devices', type=int, default=8, help='simulated devices of the SPMD rows (0: no SPMD rows)')
     p.add_argument('--cpu-rows', type=int, default=1, help="1: also fastai and the loop on PyTorch's eager CPU device, without XLA")
+    p.add_argument('--counts', action='store_true', help='print XLA ops and Python calls per training step instead')
     p.add_argument('--child', nargs=3)
     a = p.parse_args()
     if a.child:
         kind, model_name, epochs = a.child
         print('RESULT ' + json.dumps(RUNNERS[kind](model_name, int(epochs))), flush=True)
         return
+    if a.counts: return print_counts(a)
     rows = []
     for model_name in a.models.split(','):
-        runs = run_alternating(['fastai_xla', 'fastai_xla_cached'], model_name, a)
+        runs = run_alternating(['fastai_xla', 'fastai_xla_cached', 'fastai_xla_defaults'], model_name, a)
         if a.naive_epochs: runs['naive'] = [run_child('naive', model_name, a.naive_epochs, a.timeout)]
         if a.cpu_rows: runs.update(run_alternating(['fastai_cpu'], model_name, a))
         if a.spmd_devices: runs.update(run_alternating(['fastai_xla_spmd'], model_name, a, a.spmd_devices))
@@ -255,5 +313,17 @@ def main():
             'compiles', 'compiles after epoch 1', 'host transfers / epoch', 'final accuracy', 'runs')
     print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))
     for r in rows: print('| ' + ' | '.join(map(str, r)) + ' |')
+
+def print_counts(a):
+    "One table: XLA operations and Python calls per training step of each XLA run, and their ratio to the loop's."
+    head = ('model', 'run', 'XLA ops / step', 'ratio', 'Python calls / step', 'ratio', 'steps counted')
+    print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))
+    for model_name in a.models.split(','):
+        ref = run_child('count_reference', model_name, 2, a.timeout)
+        for kind in ('reference', 'fastai_xla', 'fastai_xla_defaults', 'fastai_xla_defaults_cached'):
+            c = ref if kind == 'reference' else run_child('count_' + kind, model_name, 2, a.timeout)
+            if 'error' in c or 'error' in ref: print(f"| {model_name} | {kind} | {c.get('error') or ref.get('error')} |"); continue
+            print(f"| {model_name} | {kind} | {c['xla_ops']:.1f} | {c['xla_ops'] / ref['xla_ops']:.2f} | "
+                  f"{c['py_calls']:.0f} | {c['py_calls'] / ref['py_calls']:.2f} | {c['steps']} |", flush=True)
 
 if __name__ == '__main__': main()

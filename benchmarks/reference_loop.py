@@ -26,10 +26,11 @@ def spmd_input_sharding(ndim:int):
     return xs.ShardingSpec(mesh, ('data',) + (None,) * (ndim - 1))
 
 def train_reference(model, train:tuple, valid:tuple, epochs:int, prep=None, bs:int=64, lr:float=1e-2,
-                    spmd:bool=False, eager_cpu:bool=False, log=None) -> dict:
+                    spmd:bool=False, eager_cpu:bool=False, log=None, counts=None) -> dict:
     """Train `model` with Adam and cross-entropy on `train` = (inputs..., targets) tensors, validate on `valid`.
     `prep(device)` may return a function applied to the inputs on the device. Returns each epoch's seconds and
-    counters and the last accuracy."""
+    counters and the last accuracy. `counts` (with `start()` and `stop(steps)`) is started and stopped around the
+    training steps of the second epoch."""
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
     sharding = spmd_input_sharding(train[0].ndim) if spmd else None
@@ -44,9 +45,12 @@ def train_reference(model, train:tuple, valid:tuple, epochs:int, prep=None, bs:i
     times, per_epoch, acc = [], [], None
     for ep in range(epochs):
         c0 = counters(); t = time.perf_counter(); model.train()
+        if counts and ep == 1: counts.start(); steps = 0
         for *xs, yb in trl:
             loss = torch.nn.functional.cross_entropy(model(*prepare(*xs)), yb)
             loss.backward(); opt.step(); opt.zero_grad()
+            if counts and ep == 1: steps += 1
+        if counts and ep == 1: counts.stop(steps)
         model.eval(); correct = torch.zeros((), device=d); total = 0
         with torch.no_grad():
             for *xs, yb in val:

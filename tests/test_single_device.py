@@ -178,3 +178,20 @@ def test_predict_and_show_results():
     assert probs.shape == (10,) and not is_xla(probs)
     assert str(cls) == item[1] or probs.max() < 0.99
     learn.show_results(max_n=4)
+
+def test_fastai_adam_grouped_on_xla_steps_as_fastais_own():
+    "fastai's default Adam on an XLA learner steps grouped (GroupedOptimizer) and lands where fastai's own step does."
+    from fastai.optimizer import Optimizer
+    from fastai_xla.optimizer import GroupedOptimizer
+    import torch_xla.debug.metrics as met
+    ops = lambda: sum(met.counter_value(k) for k in met.counter_names() if k.startswith('xla::'))
+    learners, traced = {}, {}
+    for grouped in (True, False):
+        learn = digits_learner().to_xla(seed=0, grouped_steps=grouped)
+        learn.fit_one_cycle(1, 1e-2)
+        before = ops(); learn.fit_one_cycle(1, 1e-2); traced[grouped] = ops() - before
+        assert type(learn.opt) is (GroupedOptimizer if grouped else Optimizer)
+        learners[grouped] = learn
+    for a, b in zip(learners[True].model.parameters(), learners[False].model.parameters()):
+        assert torch.allclose(to_host(a.detach()), to_host(b.detach()), atol=1e-4, rtol=1e-3)
+    assert traced[True] < 0.8 * traced[False], traced   # an epoch's training and validation, all traced operations

@@ -134,7 +134,7 @@ def decay_weights(p, lr, wd, do_wd=True, **kwargs):
     "fastai's decoupled weight decay, `p*(1 - lr*wd)`, as `p - (lr*wd)*p`: no Python number that rounds to 1 on the device."
     if do_wd and wd != 0: p.data.add_(p.data, alpha=-lr*wd)
 
-# %% ../nbs/02a_optimizer.ipynb #9ab22e58
+# %% ../nbs/02a_optimizer.ipynb #b96dea43
 grouped_twins = {weight_decay: decay_group, decay_weights: decay_group, l2_reg: l2_group,
                  average_grad: average_grad_group, average_sqr_grad: average_sqr_grad_group, step_stat: step_stat_group,
                  sgd_step: sgd_group, momentum_step: momentum_group, rms_prop_step: rms_prop_group, adam_step: adam_group,
@@ -156,8 +156,7 @@ class GroupedOptimizer(Optimizer):
             ps = [p for p in pg if p.grad is not None]
             if not ps: continue
             states = [self.state[p] for p in ps]
-            for twin, kw in twins: twin(ps, states, **{**kw, **hyper})
-            for p, s in zip(ps, states): self.state[p] = s
+            for twin, kw in twins: twin(ps, states, **{**kw, **hyper})   # (they update the state dicts in place)
 
     def zero_grad(self):
         for pg in self.param_lists:

@@ -5,6 +5,7 @@ from .data import *
 from .optimizer import *
 from .callback import *
 from .distributed import *
+from .launch import *
 from .checkpoint import *
 from .precision import *
 from .diagnostics import *

@@ -60,7 +60,7 @@ TAB_CATS = [f'p{i}' for i in range(32, 40)]          # the 8 pixels of the middl
 TAB_EMB_SZS = [(18, 8)] * 8                          # 17 values (0-16) + fastai's #na#
 
 def image_dls():
-    from fastai_xla.data import digits_dls
+    from fastai_xla.demo import digits_dls
     return digits_dls(bs=64, seed=42)                # uint8 TensorImages; IntToFloatTensor(div=16) + Normalize batch transforms
 
 def tabular_dls():

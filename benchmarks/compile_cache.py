@@ -8,6 +8,7 @@ import os, subprocess, sys, tempfile
 CHILD = r'''
 import os, sys, time
 from fastai_xla.all import *
+from fastai_xla.demo import digits_dls
 from fastai.vision.all import *
 import torch_xla.debug.metrics as met
 if sys.argv[1] != '-': enable_compile_cache(sys.argv[1])

@@ -6,6 +6,7 @@ Prints which device was picked, fastai's epoch table, the final accuracy, and wh
 runtime did for the whole run (compilations, executions, host<->device transfers)."""
 import argparse
 from fastai_xla.all import *   # first: chooses the XLA device before anything else touches torch
+from fastai_xla.demo import digits_dls
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

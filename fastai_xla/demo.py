@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['docstring_sources', 'make_once', 'digits_arrays', 'digits_folder', 'digits_segmentation_folder', 'digit_mask_path',
-           'segmentation_codes', 'docstring_texts', 'docstrings_frame', 'docstrings_csv', 'digits_ratings_frame',
-           'digits_frame']
+__all__ = ['docstring_sources', 'make_once', 'DigitToImage', 'digits_dls', 'digits_arrays', 'digits_folder',
+           'digits_segmentation_folder', 'digit_mask_path', 'segmentation_codes', 'docstring_texts', 'docstrings_frame',
+           'docstrings_csv', 'digits_ratings_frame', 'digits_frame']
 
 # %% ../nbs/09_demo.ipynb #94c658e7
 def make_once(path, write) -> Path:
@@ -29,6 +29,27 @@ def make_once(path, write) -> Path:
             if not path.exists(): raise            # else another process renamed its copy first
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+# %% ../nbs/09_demo.ipynb #8ea2b738
+import torch
+from fastai.vision.core import TensorImage
+from fastai.data.transforms import IntToFloatTensor, Normalize
+from fasttransform import Transform
+
+class DigitToImage(Transform):
+    "A digit's 8x8 array of intensities 0-16 as a 1x8x8 `TensorImage`."
+    def encodes(self, o): return TensorImage(torch.tensor(o))
+
+def digits_dls(bs:int=64, valid_pct:float=0.2, seed:int=42, num_workers:int=0, batch_tfms=None, **kwargs):
+    "fastai `DataLoaders` of scikit-learn's digits as 1x8x8 `TensorImage`s (offline, for demos and tests)."
+    from sklearn.datasets import load_digits
+    from fastai.vision.all import Datasets, RandomSplitter, ItemGetter, Categorize
+    X, y = load_digits(return_X_y=True)
+    items = [(x.reshape(1,8,8).astype('uint8'), str(t)) for x,t in zip(X, y)]
+    splits = RandomSplitter(valid_pct, seed=seed)(items)
+    dsets = Datasets(items, [[ItemGetter(0), DigitToImage()], [ItemGetter(1), Categorize()]], splits=splits)
+    if batch_tfms is None: batch_tfms = [IntToFloatTensor(div=16.), Normalize.from_stats(0.3, 0.35)]
+    return dsets.dataloaders(bs=bs, num_workers=num_workers, after_batch=batch_tfms, **kwargs)
 
 # %% ../nbs/09_demo.ipynb #403f04cb
 def digits_arrays():

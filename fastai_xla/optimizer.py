@@ -12,9 +12,9 @@ from fastai.optimizer import (Optimizer, OptimWrapper, Lookahead, weight_decay, 
 
 # %% auto #0
 __all__ = ['grouped_twins', 'grads', 'state_list', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group',
-           'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'adam_group', 'radam_group',
-           'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin', 'GroupedOptimizer', 'can_group',
-           'prefer_foreach', 'xla_optimizer']
+           'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step',
+           'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin',
+           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer']
 
 # %% ../nbs/02a_optimizer.ipynb #6298ba20
 def grads(ps): return [p.grad for p in ps]
@@ -72,7 +72,7 @@ def rms_prop_group(ps, states, lr, eps, **kwargs):
     num = state_list(ps, states, 'grad_avg') if all('grad_avg' in s for s in states) else grads(ps)
     torch._foreach_addcdiv_(ps, num, torch._foreach_add(torch._foreach_sqrt(state_list(ps, states, 'sqr_avg')), eps), value=-lr)
 
-# %% ../nbs/02a_optimizer.ipynb #5372af93
+# %% ../nbs/02a_optimizer.ipynb #fbf0998f
 def by_step(ps, states) -> dict:
     "`{step: (params, states)}`: the parameters of a group by the number of steps they have taken."
     res = {}
@@ -81,6 +81,11 @@ def by_step(ps, states) -> dict:
         pp.append(p); ss.append(s)
     return res
 
+def debiased_by_step(ps, states, mom, sqr_mom):
+    "`(step, d1, d2, params, states)` for each step count in the group: the Adam family's debias terms of that step."
+    for step, (pp, ss) in by_step(ps, states).items():
+        yield step, debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step), pp, ss
+
 def _root_mean_sqr(sqrs, d2, eps=0.):
     "`sqrt(sqr_avg/d2) (+ eps)` of each tensor, as new tensors."
     den = torch._foreach_sqrt(torch._foreach_div(sqrs, d2))
@@ -88,15 +93,13 @@ def _root_mean_sqr(sqrs, d2, eps=0.):
 
 def adam_group(ps, states, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `adam_step`."
-    for step, (pp, ss) in by_step(ps, states).items():
-        d1, d2 = debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step)
+    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
         den = _root_mean_sqr([s['sqr_avg'] for s in ss], d2, eps)
         torch._foreach_addcdiv_(pp, [s['grad_avg'] for s in ss], den, value=-lr/d1)
 
 def radam_group(ps, states, lr, mom, sqr_mom, eps, beta, **kwargs):
     "fastai's `radam_step`: Adam with the variance rectified once it can be (`r > 5`: a Python test of the step count)."
-    for step, (pp, ss) in by_step(ps, states).items():
-        d1, d2 = debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step)
+    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
         r_inf = 2/(1-sqr_mom) - 1
         r = r_inf - 2*step*sqr_mom**step/(1-sqr_mom**step)
         avgs = [s['grad_avg'] for s in ss]
@@ -109,19 +112,17 @@ def radam_group(ps, states, lr, mom, sqr_mom, eps, beta, **kwargs):
 
 def qhadam_group(ps, states, lr, mom, sqr_mom, eps, nu_1, nu_2, **kwargs):
     "fastai's `qhadam_step`: quasi-hyperbolic mixes of the gradient and its moving averages."
-    for step, (pp, ss) in by_step(ps, states).items():
-        d1, d2 = debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step)
+    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
         g = grads(pp)
         num = torch._foreach_add(torch._foreach_mul(g, 1-nu_1), torch._foreach_mul([s['grad_avg'] for s in ss], nu_1/d1))
         sq = torch._foreach_add(torch._foreach_mul(torch._foreach_mul(g, g), 1-nu_2),
                                 torch._foreach_mul([s['sqr_avg'] for s in ss], nu_2/d2))
         torch._foreach_addcdiv_(pp, num, torch._foreach_add(torch._foreach_sqrt(sq), eps), value=-lr)
 
-# %% ../nbs/02a_optimizer.ipynb #4f738584
+# %% ../nbs/02a_optimizer.ipynb #34229500
 def lamb_group(ps, states, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `lamb_step`, with its trust ratio chosen on the device."
-    for step, (pp, ss) in by_step(ps, states).items():
-        d1, d2 = debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step)
+    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
         for p, s in zip(pp, ss):
             r1 = p.pow(2).mean().sqrt()
             u = (s['grad_avg']/d1) / ((s['sqr_avg']/d2).sqrt() + eps)

@@ -5,7 +5,7 @@ from fastai.callback.all import *
 from fastai.vision.all import ConvLayer, Flatten
 from fastai.tabular.all import TabularPandas, tabular_learner, Categorify, Normalize as TabNormalize, CategoryBlock
 from fastai_xla.all import *
-from fastai_xla.demo import digits_frame
+from fastai_xla.demo import digits_frame, digits_dls
 
 def digits_cnn():
     return nn.Sequential(ConvLayer(1, 16, stride=2), ConvLayer(16, 32, stride=2), nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(32, 10))

@@ -75,6 +75,7 @@ def test_ctrl_c_during_a_launched_fit_leaves_no_process(tmp_path):
     script.write_text(textwrap.dedent('''
         import os, signal, threading, time, multiprocessing
         from fastai_xla.all import *
+        from fastai_xla.demo import digits_dls
         from fastai.vision.all import *
         learn = Learner(digits_dls(bs=16), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
         def train(learn):

@@ -53,6 +53,7 @@ def test_cpu_backward_before_the_xla_device_gives_a_clear_error():
         import torch
         from fastai.basics import *
         from fastai_xla.all import *
+        from fastai_xla.demo import digits_dls
         x = torch.randn(3, requires_grad=True); (x*2).sum().backward()   # a CPU backward pass first
         learn = Learner(digits_dls(), nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
         try: learn.to_xla()

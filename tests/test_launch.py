@@ -28,6 +28,7 @@ def test_script_form_with_xmp_spawn(tmp_path):
     out = run_script(tmp_path, '''
         import torch_xla.distributed.xla_multiprocessing as xmp
         from fastai_xla.all import *
+        from fastai_xla.demo import digits_dls
         from fastai.vision.all import *
 
         def train(index):
@@ -66,6 +67,7 @@ def test_script_form_with_fastai_default_workers(tmp_path):
 
 MAIN_LAUNCH = '''
     from fastai_xla.all import *
+    from fastai_xla.demo import digits_dls
     from fastai.vision.all import *
     set_seed(0)
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)

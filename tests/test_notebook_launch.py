@@ -11,6 +11,7 @@ from nbclient import NotebookClient
 CELLS = [
     '''import os; os.environ['PJRT_DEVICE'] = 'CPU'
 from fastai_xla.all import *
+from fastai_xla.demo import digits_dls
 from fastai.vision.all import *
 dls = digits_dls(bs=32)
 learn = Learner(dls, nn.Sequential(Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), metrics=accuracy)''',

@@ -16,7 +16,7 @@ from .callback import finding_lr, on_xla_learner
 # %% auto #0
 __all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache']
 
-# %% ../nbs/07_diagnostics.ipynb #dbb923c9
+# %% ../nbs/07_diagnostics.ipynb #dd35fc36
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     import_torch_xla()
@@ -73,7 +73,8 @@ class XLADiagnostics(Callback):
                 self._warn('recompile', f"{row['compiles']} graphs compiled in epoch {row['epoch']}, after the first, with the "
                            "same input shapes: a Python number that changes each step is baked into the graph, or the graph is "
                            "cut at a different place each step (a device value read mid-step). Pass changing numbers as tensors.")
-        if row['to_host'] > max(16, row['batches'] // 2):
+        # (gloo replicas: each collective crosses through the host, a device read per gradient all-reduce by design)
+        if row['to_host'] > max(16, row['batches'] // 2) and not (transport().name == 'gloo' and replica_count() > 1):
             self._warn('reads', f"{row['to_host']} device-to-host transfers in epoch {row['epoch']} ({row['batches']} batches): "
                        "something reads a device value every batch (`.item()`, `float(t)`, `print(t)`, `.cpu()`, `if t > 0:`) in "
                        "a callback, metric or model, and makes the host wait for the device each time. Keep values on the "

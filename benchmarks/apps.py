@@ -15,7 +15,9 @@ Text (`AWD_LSTM`) has its own script, `text.py`.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
-at the end (validation loss for collab) on each. Counts are exact and repeat from run to run; times are this
+at the end (validation loss for collab) on each; then the host's work per training step, counted over one more
+epoch after the timed fit (as `bench.py --counts` counts it): XLA operations traced, and Python calls (every
+thread, the loaders' workers aside: they are other processes) on eager CPU and on XLA, and their ratio. Counts are exact and repeat from run to run; times are this
 machine's: the CPU XLA device runs convolutions much slower than PyTorch's CPU kernels, so the time ratio says
 nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure).
 `resnet18` is fastai's architecture with random weights (`pretrained=False`: this machine has no internet)."""
@@ -26,6 +28,7 @@ from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
 from fastai_xla.all import *
+from bench import StepCounts, _counting_callback
 from fastai_xla.demo import (digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes,
                              digits_ratings_frame, digits_frame)
 
@@ -74,7 +77,9 @@ def run(recipe, out, epochs, on_xla):
     if on_xla: learn = learn.to_tpu_distributed()
     stats = EpochStats(on_xla)
     with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(epochs, lr, cbs=stats)
-    return stats.epochs, final(learn, metric), metric
+    value, counts = final(learn, metric), StepCounts()
+    with learn.no_bar(), learn.no_logging(): learn.fit(1, lr / 10, cbs=_counting_callback(counts, epoch=0))
+    return stats.epochs, value, metric, counts.per_step()
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -84,14 +89,16 @@ def main():
     a = p.parse_args()
     if a.epochs < 2: p.error('--epochs must be at least 2: the first epoch compiles and is not timed')
     xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
-    print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) | metric | eager | XLA |')
-    print('|---|---|---|---|---|---|---|---|---|---|')
+    print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | '
+          'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
     for r in a.recipes:
-        eager, m_eager, metric = run(r, Path(a.out), a.epochs, on_xla=False)
-        xla, m_xla, _ = run(r, Path(a.out), a.epochs, on_xla=True)
+        eager, m_eager, metric, n_eager = run(r, Path(a.out), a.epochs, on_xla=False)
+        xla, m_xla, _, n_xla = run(r, Path(a.out), a.epochs, on_xla=True)
         t_eager, t_xla = (statistics.median(e['seconds'] for e in es[1:]) for es in (eager, xla))
         print(f"| {r} | {t_eager:.2f} | {t_xla:.2f} | {t_xla / t_eager:.2f} | {xla[0]['compiles']} | "
-              f"{sum(e['compiles'] for e in xla[1:])} | {max(e['to_host'] for e in xla)} | {metric} | {m_eager:.4f} | {m_xla:.4f} |",
+              f"{sum(e['compiles'] for e in xla[1:])} | {max(e['to_host'] for e in xla)} | {metric} | {m_eager:.4f} | {m_xla:.4f} | "
+              f"{n_xla['xla_ops']:.0f} | {n_eager['py_calls']:.0f} | {n_xla['py_calls']:.0f} | {n_xla['py_calls'] / n_eager['py_calls']:.2f} |",
               flush=True)
 
 if __name__ == '__main__': main()

@@ -97,10 +97,17 @@ def test_ctrl_c_during_a_launched_fit_leaves_no_process(tmp_path):
         print('REPLICAS', len(pids), 'ALIVE', alive, 'CHILDREN', multiprocessing.active_children())
     '''))
     env = {**os.environ, 'PJRT_DEVICE': 'CPU'}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-    assert 'INTERRUPTED after' in r.stdout, r.stdout[-2000:] + r.stderr[-6000:]
-    assert int(re.search(r'INTERRUPTED after (\d+)', r.stdout).group(1)) < 60
-    assert 'REPLICAS 2 ALIVE [] CHILDREN []' in r.stdout and r.returncode == 0, r.stdout[-2000:] + r.stderr[-6000:]
+    # output to files, not pipes: replicas left running would hold a pipe open, and the stack dump would be lost
+    with open(tmp_path/'out.txt', 'w') as out, open(tmp_path/'err.txt', 'w') as err:
+        try: code = subprocess.run([sys.executable, str(script)], stdout=out, stderr=err, timeout=240, env=env, cwd=tmp_path).returncode
+        finally:
+            for p in (tmp_path/'pids').glob('*'):      # a replica that outlived its launcher must not train on in the suite
+                try: os.kill(int(p.name), signal.SIGKILL)
+                except ProcessLookupError: pass
+    stdout, stderr = (tmp_path/'out.txt').read_text(), (tmp_path/'err.txt').read_text()
+    assert 'INTERRUPTED after' in stdout, stdout[-2000:] + stderr[-12000:]
+    assert int(re.search(r'INTERRUPTED after (\d+)', stdout).group(1)) < 60
+    assert 'REPLICAS 2 ALIVE [] CHILDREN []' in stdout and code == 0, stdout[-2000:] + stderr[-12000:]
 
 @pytest.fixture
 def tiny_disk(tmp_path):

@@ -226,17 +226,21 @@ class CastToPlainTensor(CastToTensor):
     "fastai's `CastToTensor` without a cast of plain tensors."
     def before_batch(self): self.learn.xb, self.learn.yb = map_tensors(plain_tensor, (self.learn.xb, self.learn.yb))
 
-# %% ../nbs/03_callback.ipynb #485b832c
-def _flat_already(loss, inp, targ) -> bool:
-    "Would fastai's `BaseLoss` leave `inp` and `targ` as they are? (the class axis last, `(n, c)` and `(n,)`, long targets)"
-    return (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and is_xla(inp)
-            and loss.flatten and loss.is_2d and not loss.floatify and loss.axis in (-1, 1)
-            and inp.ndim == 2 and targ.ndim == 1 and targ.dtype == torch.long)
+# %% ../nbs/03_callback.ipynb #04b5319d
+def _flat_target(loss, inp, targ):
+    "The target fastai's `BaseLoss` would hand the torch loss, when all it does to `inp` is nothing (a `(n, c)` XLA prediction, class axis last) and `targ` is `n` integer labels, `(n,)` or `(n, 1)`; else `None`."
+    if not (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and is_xla(inp) and inp.ndim == 2
+            and loss.flatten and loss.is_2d and not loss.floatify and loss.axis in (-1, 1)): return None
+    if targ.shape not in ((inp.shape[0],), (inp.shape[0], 1)): return None
+    if targ.dtype in (torch.int8, torch.int16, torch.int32): targ = targ.long()    # as fastai promotes them
+    if targ.dtype != torch.long: return None
+    return targ if targ.ndim == 1 else targ.view(-1)
 
 @patch
 def __call__(self:BaseLoss, inp, targ, **kwargs):
-    "fastai's loss; for XLA tensors already flat, the torch loss directly (see `_flat_already`)."
-    if _flat_already(self, inp, targ): return self.func(inp, targ, **kwargs)
+    "fastai's loss; for an XLA `(n, c)` prediction and `n` integer labels, the torch loss directly (see `_flat_target`)."
+    flat = _flat_target(self, inp, targ)
+    if flat is not None: return self.func(inp, flat, **kwargs)
     return BaseLoss._orig___call__(self, inp, targ, **kwargs)   # fastai's (kept by fastcore's `patch`)
 
 # %% ../nbs/03_callback.ipynb #9e0d1587

@@ -26,21 +26,20 @@ def _fit_epochs(learn, n=3):
 
 def dispatch(rounds, events):
     from fastai.learner import Learner
-    from fastai_xla.all import xla_device
-    _fastai_call = Learner._orig___call__     # fastai's own dispatch, kept by fastcore's patch
+    from fastai_xla.all import xla_device, XLALearner
+    lean = XLALearner.__call__                # fastai_xla's dispatch, a method of the XLA learner's class
     xla_device()
     learn = bench._fastai_learner('mlp').to_tpu_distributed()
-    lean = Learner.__call__
-    def use(f): return lambda: setattr(Learner, '__call__', f)
+    def use(f): return lambda: setattr(XLALearner, '__call__', f)
     with learn.no_bar(), learn.no_logging():
         _fit_epochs(learn, 1)
         learn.training = True
         per_event = {}
-        for name, f in (('fastai', _fastai_call), ('fastai_xla', lean)):
-            Learner.__call__ = f
+        for name, f in (('fastai', Learner.__call__), ('fastai_xla', lean)):
+            XLALearner.__call__ = f
             per_event[name] = timeit.timeit(lambda: learn('after_cancel_batch'), number=events) / events
-    epochs = bench.alternate_fits(learn, {'fastai': use(_fastai_call), 'fastai_xla': use(lean)}, rounds)
-    Learner.__call__ = lean
+    epochs = bench.alternate_fits(learn, {'fastai': use(Learner.__call__), 'fastai_xla': use(lean)}, rounds)
+    XLALearner.__call__ = lean
     return dict(per_event=per_event, epochs=epochs)
 
 def loader_setting(model, attr, rounds):

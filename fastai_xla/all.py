@@ -1,5 +1,7 @@
 "Everything a user needs: `from fastai_xla.all import *`."
+from .backend import *
 from .core import *
+from .run import *
 from .pickling import *
 from .data import *
 from .optimizer import *

@@ -16,20 +16,27 @@ from .compat import *
 from .core import *
 
 # %% auto #0
-__all__ = ['device_friendly_tfms', 'device_runners', 'batch_shapers', 'replica_sources', 'register_device_tfm', 'run_on_device',
-           'split_batch_tfms', 'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader', 'index_rows',
-           'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers',
-           'loader_over', 'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
-           'replica_local_loaders', 'XLADataLoader', 'trim_batch']
+__all__ = ['device_friendly_tfms', 'device_runners', 'device_versions', 'batch_shapers', 'replica_sources', 'register_device_tfm',
+           'device_version', 'run_on_device', 'split_batch_tfms', 'n_batches', 'shard_idxs', 'background',
+           'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms', 'check_cacheable',
+           'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors', 'register_batch_shaper',
+           'register_replica_source', 'replica_source', 'replica_local_loaders', 'XLADataLoader', 'trim_batch']
 
-# %% ../nbs/02_data.ipynb #0207b73d
+# %% ../nbs/02_data.ipynb #adfbd0ce
 device_friendly_tfms = [IntToFloatTensor, Normalize]
 device_runners = {}     # transform class -> how to run one of its kind on a device batch
+device_versions = {}    # transform class -> the mixin of its XLA version
 
-def register_device_tfm(cls, run=None):
-    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is)."
+def register_device_tfm(cls, run=None, xla_mixin=None):
+    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is), as their `xla_mixin` version if given."
     if cls not in device_friendly_tfms: device_friendly_tfms.append(cls)
     if run is not None: device_runners[cls] = run
+    if xla_mixin is not None: device_versions[cls] = xla_mixin
+
+def device_version(tfm):
+    "The transform `tfm` (the loader's own copy) made its XLA version, if its class registered one."
+    mixin = next((m for cls, m in device_versions.items() if isinstance(tfm, cls)), None)
+    return xla_version(tfm, mixin) if mixin is not None else tfm
 
 def run_on_device(tfm, b, split_idx=None):
     "Apply the batch transform `tfm` to the device batch `b`, through its registered runner if it has one."
@@ -230,7 +237,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #19c382aa
+# %% ../nbs/02_data.ipynb #fe739310
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -264,7 +271,7 @@ class XLADataLoader(GetAttr):
         self.cpu_tfms = Pipeline(cpu_fs) if dev_fs else None   # None: keep the loader's own after_batch
         self.device_tfms = None
         if dev_fs:
-            self.device_tfms = Pipeline(copylib.deepcopy(dev_fs))
+            self.device_tfms = Pipeline([device_version(f) for f in copylib.deepcopy(dev_fs)])
             move_pipeline_to(self.device_tfms, self.device)
 
     def __len__(self): return n_batches(self.source.n, self.bs, self.world_size, self.pad)

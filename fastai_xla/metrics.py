@@ -17,10 +17,11 @@ from .core import *
 from .data import *
 
 # %% auto #0
-__all__ = ['DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'fetch_to_host', 'gather_in_order', 'phase_items',
-           'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'add_counts', 'class_counts']
+__all__ = ['DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'on_device', 'fetch_to_host', 'gather_in_order',
+           'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'add_counts', 'class_counts',
+           'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #1274b8da
+# %% ../nbs/02b_metrics.ipynb #1645f537
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     @torch.no_grad()   # (rather than a `detach`: one operation fewer to trace per step)
@@ -53,10 +54,13 @@ _metric_state = {AvgMetric: ('total',), AvgLoss: ('total',), AvgSmoothLoss: ('va
 # after the phase's one transfer `_host_form[cls](metric)` puts the values back in the form fastai's `value` reads
 _summed_state, _host_form = {}, {}
 
-def register_device_metric(cls, attrs, host_form=None):
-    "Have `DeviceMetricsCallback` sum the device tensors `attrs` of `cls` metrics over replicas and fetch them once per phase."
+_device_versions = {}   # metric class -> the mixin of its XLA version
+
+def register_device_metric(cls, attrs, host_form=None, xla_mixin=None):
+    "Have `DeviceMetricsCallback` sum the device tensors `attrs` of `cls` metrics over replicas and fetch them once per phase (a metric becomes its `xla_mixin` version on XLA)."
     _metric_state[cls] = _summed_state[cls] = tuple(attrs)
     if host_form is not None: _host_form[cls] = host_form
+    if xla_mixin is not None: _device_versions[cls] = xla_mixin
 
 def _lookup(registry:dict, met):
     for cls, v in registry.items():
@@ -64,6 +68,11 @@ def _lookup(registry:dict, met):
     return None
 
 def _state_attrs(met): return _lookup(_metric_state, met) or ()
+
+def on_device(met):
+    "Make the metric `met` its XLA version, if it has one (see `register_device_metric`)."
+    mixin = _lookup(_device_versions, met)
+    return xla_version(met, mixin) if mixin is not None and not isinstance(met, mixin) else met
 
 def _get(o, a): return o[a] if isinstance(a, int) else getattr(o, a)
 def _set(o, a, v):
@@ -77,7 +86,7 @@ def fetch_to_host(objs_attrs):
     values = to_host([v.t if isinstance(v, DeviceTotal) else v for v in values])
     for (o, a), v in zip(pairs, values): _set(o, a, v)
 
-# %% ../nbs/02b_metrics.ipynb #56dc5843
+# %% ../nbs/02b_metrics.ipynb #8bc0ea5f
 def _cat(chunks):
     chunks = [c for c in chunks if c is not None]
     if not chunks: return None
@@ -88,15 +97,15 @@ def _pad_rows(t, n):
     if t.shape[0] == n: return t
     return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
 
-def gather_in_order(chunks, n_total:int, world:int|None=None):
-    "Concatenate this replica's `chunks` (rows of its strided shard), gather the `world` replicas' (default: all) and return the `n_total` rows in order."
+def gather_in_order(chunks, n_total:int, run=None, world:int|None=None):
+    "Concatenate this replica's `chunks` (rows of its strided shard), gather those of the `world` replicas of `run` (default: all; no `run`: this replica alone) and return the `n_total` rows in order."
     local = _cat(chunks)
     if local is None: return None
-    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, world) for t in local)
-    world = replica_count() if world is None else world
+    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, run, world) for t in local)
+    world = (run.count if run is not None else 1) if world is None else world
     if world == 1: return local
     per = math.ceil(n_total / world)
-    g = all_gather(_pad_rows(local, per))                      # [world, per, ...]
+    g = run.all_gather(_pad_rows(local, per))                  # [world, per, ...]
     return g.transpose(0, 1).reshape(world * per, *g.shape[2:])[:n_total]
 
 def phase_items(dl) -> int:
@@ -108,7 +117,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
-# %% ../nbs/02b_metrics.ipynb #81e92101
+# %% ../nbs/02b_metrics.ipynb #f3abf034
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -116,6 +125,7 @@ class DeviceMetricsCallback(Callback):
 
     def before_fit(self):
         self.device, self.losses_on_host = self.device or xla_device(), 0
+        for m in self.learn.metrics: on_device(m)
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
             rec.smooth_loss = DeviceSmoothLoss(beta=rec.smooth_loss.beta)
@@ -148,20 +158,21 @@ class DeviceMetricsCallback(Callback):
 
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
-        meet(f"metric reduction at the end of {'training' if self.learn.training else 'validation'}")
+        run = self.learn.xla_run
+        run.meet(f"metric reduction at the end of {'training' if self.learn.training else 'validation'}")
         n = phase_items(self.learn.dl)
         for m in mets:
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):
                 total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self.device)
-                all_reduce_sum_([total, count])
+                run.all_reduce_sum_([total, count])
                 m.total.t, m.count = total, int(to_host(count).item())
             elif isinstance(m, AvgSmoothLoss) and is_xla(m.val):
-                all_reduce_mean_([m.val])
+                run.all_reduce_mean_([m.val])
             elif isinstance(m, AccumMetric) and n is not None:
-                m.preds, m.targs = [gather_in_order(m.preds, n)], [gather_in_order(m.targs, n)]
+                m.preds, m.targs = [gather_in_order(m.preds, n, run)], [gather_in_order(m.targs, n, run)]
             elif _lookup(_summed_state, m):
                 sums = [getattr(m, a) for a in _lookup(_summed_state, m)]
-                if all(isinstance(t, torch.Tensor) and is_xla(t) for t in sums): all_reduce_sum_(sums)
+                if all(isinstance(t, torch.Tensor) and is_xla(t) for t in sums): run.all_reduce_sum_(sums)
 
     # --- the Recorder's loss of every step: to the host in batches, a step behind the device
     def after_batch(self):
@@ -177,7 +188,7 @@ class DeviceMetricsCallback(Callback):
 
     def after_fit(self): fetch_to_host(self._device_losses() + [(self.learn, 'smooth_loss')])
 
-# %% ../nbs/02b_metrics.ipynb #ab69067b
+# %% ../nbs/02b_metrics.ipynb #c409dd32
 class ReplicaPredsCallback(Callback):
     "`get_preds`' predictions, targets, inputs and losses from every replica, in data set order, on the host."
     order, run_valid = TrainEvalCallback.order - 0.25, True
@@ -185,7 +196,7 @@ class ReplicaPredsCallback(Callback):
     def after_validate(self):
         n = phase_items(self.learn.dl)
         gathers = self.learn.cbs.filter(lambda c: isinstance(c, GatherPredsCallback))
-        if gathers and n is not None and is_sharded(self.learn.dl): meet('predictions gather in get_preds')
+        if gathers and n is not None and is_sharded(self.learn.dl): self.learn.xla_run.meet('predictions gather in get_preds')
         batch_rows = getattr(self.learn, 'padding', None) and self.learn.padding.batch_rows
         for cb in gathers:
             for a in ('preds', 'targets', 'inputs', 'losses'):
@@ -193,11 +204,11 @@ class ReplicaPredsCallback(Callback):
                 if hasattr(cb, a) and n is not None:
                     if a == 'inputs' and batch_rows:   # recorded before the padding was cut (and never for skipped batches)
                         chunks = [trim_batch(x, r) for x, r in zip(chunks, [r for r in batch_rows if r])]
-                    whole = gather_in_order(chunks, n, self.learn.dl.world_size)
+                    whole = gather_in_order(chunks, n, self.learn.xla_run, self.learn.dl.world_size)
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
 
-# %% ../nbs/02b_metrics.ipynb #49c44c97
+# %% ../nbs/02b_metrics.ipynb #e6eacea8
 def add_counts(total, counts:torch.Tensor) -> torch.Tensor:
     "`total + counts` on the device; a `total` that is not yet a device tensor (fastai's `0`) starts as device zeros."
     if not (isinstance(total, torch.Tensor) and is_xla(total)):
@@ -213,21 +224,21 @@ def class_counts(pred:torch.Tensor, targ:torch.Tensor, n_classes:int):
     union = zeros().scatter_add(0, pred, torch.ones_like(pred)) + zeros().scatter_add(0, targ.clamp(0, n_classes - 1), known.long())
     return inter, union
 
-@patch
-def accumulate(self:Dice, learn):
-    "fastai's `Dice.accumulate` (also `JaccardCoeff`'s); on XLA, counts kept on the device."
-    if not is_xla(learn.pred): return self._orig_accumulate(learn)
-    pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
-    self.inter = add_counts(self.inter, (pred * targ).sum())
-    self.union = add_counts(self.union, (pred + targ).sum())
+class CountsOnDevice(XLAVersion):
+    "The XLA version of fastai's `Dice` and `JaccardCoeff`: the pixel counts kept on the device."
+    def accumulate(self, learn):
+        if not is_xla(learn.pred): return super().accumulate(learn)
+        pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
+        self.inter = add_counts(self.inter, (pred * targ).sum())
+        self.union = add_counts(self.union, (pred + targ).sum())
 
-@patch
-def accumulate(self:DiceMulti, learn):
-    "fastai's `DiceMulti.accumulate` (also `JaccardCoeffMulti`'s); on XLA, every class's counts kept on the device."
-    if not is_xla(learn.pred): return self._orig_accumulate(learn)
-    pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
-    inter, union = class_counts(pred, targ.long(), learn.pred.shape[self.axis])
-    self.inter, self.union = add_counts(self.inter, inter), add_counts(self.union, union)
+class ClassCountsOnDevice(XLAVersion):
+    "The XLA version of fastai's `DiceMulti` and `JaccardCoeffMulti`: every class's counts kept on the device."
+    def accumulate(self, learn):
+        if not is_xla(learn.pred): return super().accumulate(learn)
+        pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
+        inter, union = class_counts(pred, targ.long(), learn.pred.shape[self.axis])
+        self.inter, self.union = add_counts(self.inter, inter), add_counts(self.union, union)
 
 def _numbers(m):
     "Dice's counts in fastai's form: Python numbers."
@@ -238,5 +249,5 @@ def _per_class(m):
     if isinstance(m.inter, torch.Tensor):
         m.inter, m.union = ({c: float(v) for c, v in enumerate(t.tolist())} for t in (m.inter, m.union))
 
-register_device_metric(Dice, ('inter', 'union'), _numbers)
-register_device_metric(DiceMulti, ('inter', 'union'), _per_class)
+register_device_metric(Dice, ('inter', 'union'), _numbers, CountsOnDevice)
+register_device_metric(DiceMulti, ('inter', 'union'), _per_class, ClassCountsOnDevice)

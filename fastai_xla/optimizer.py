@@ -14,7 +14,7 @@ from fastai.optimizer import (Optimizer, OptimWrapper, Lookahead, weight_decay, 
 __all__ = ['grouped_twins', 'grads', 'state_list', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group',
            'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step',
            'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin',
-           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer']
+           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer']
 
 # %% ../nbs/02a_optimizer.ipynb #6298ba20
 def grads(ps): return [p.grad for p in ps]
@@ -167,7 +167,7 @@ def can_group(opt) -> bool:
     "Is `opt` a plain fastai `Optimizer` (not a subclass of a user's) whose every stepper has a grouped twin?"
     return type(opt) in (Optimizer, GroupedOptimizer) and all(grouped_twin(cb) is not None for cb in opt.cbs)
 
-# %% ../nbs/02a_optimizer.ipynb #8fc6344c
+# %% ../nbs/02a_optimizer.ipynb #e1db1066
 def prefer_foreach(opt):
     "Use torch's `foreach` implementation in the groups of the torch optimizer that `opt` wraps where `foreach` is unset."
     for group in getattr(getattr(opt, 'opt', None), 'param_groups', []):
@@ -182,3 +182,10 @@ def xla_optimizer(opt, grouped:bool=True):
     else:
         if type(opt) is GroupedOptimizer: opt.__class__ = Optimizer
         opt.cbs = L(decay_weights if cb is weight_decay else cb for cb in opt.cbs)
+
+def fastai_optimizer(opt):
+    "Undo `xla_optimizer`: fastai's own step and weight decay again (torch's `foreach` choice stays: it changes no value)."
+    if isinstance(opt, Lookahead): opt = opt.opt
+    if not isinstance(opt, Optimizer): return
+    if type(opt) is GroupedOptimizer: opt.__class__ = Optimizer
+    opt.cbs = L(weight_decay if cb is decay_weights else cb for cb in opt.cbs)

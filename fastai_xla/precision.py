@@ -12,15 +12,16 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision']
+__all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision', 'use_fastai_precision',
+           'XLAPrecisionMethods']
 
-# %% ../nbs/06_precision.ipynb #51980d04
+# %% ../nbs/06_precision.ipynb #173a45b2
 class XLAMixedPrecision(MixedPrecision):
     "bfloat16 mixed precision on an XLA device: XLA autocast, no grad scaler."
     order = MixedPrecision.order
     def __init__(self): super().__init__(amp_mode=AMPMode.BF16)
     def before_fit(self):
-        self.autocast = torch.autocast('xla', dtype=torch.bfloat16)
+        self.autocast = torch.autocast(self.learn.xla_run.backend.device_type, dtype=torch.bfloat16)
         self.learn.scaler, self.scales = None, []
     def before_backward(self): pass
     def before_step(self): pass
@@ -48,18 +49,22 @@ def use_xla_precision(learn):
     learn.remove_cbs(cuda)
     learn.add_cbs(xla_precision_cbs(cuda))
 
-on_xla_learner(check=refuse_float16, setup=use_xla_precision)
+def use_fastai_precision(learn):
+    "Undo `use_xla_precision` (for `detach_xla`): fastai's bf16 `MixedPrecision` again."
+    xla = [cb for cb in learn.cbs if isinstance(cb, XLAMixedPrecision)]
+    learn.remove_cbs(xla)
+    if xla: learn.add_cb(MixedPrecision(amp_mode=AMPMode.BF16))
 
-# %% ../nbs/06_precision.ipynb #789e35a4
-@patch
-def to_bf16(self:Learner):
-    "bfloat16 mixed precision (`XLAMixedPrecision` on XLA)."
-    if not is_xla_learner(self): return Learner._orig_to_bf16(self)
-    self.remove_cbs([cb for cb in self.cbs if isinstance(cb, MixedPrecision)])
-    return self.add_cb(XLAMixedPrecision())
+# %% ../nbs/06_precision.ipynb #75e8effe
+class XLAPrecisionMethods(XLAVersion):
+    "An XLA learner's `to_bf16` and `to_fp16` (see `on_xla_learner`)."
+    def to_bf16(self):
+        "bfloat16 mixed precision: `XLAMixedPrecision`."
+        self.remove_cbs([cb for cb in self.cbs if isinstance(cb, MixedPrecision)])
+        return self.add_cb(XLAMixedPrecision())
 
-@patch
-def to_fp16(self:Learner, **kwargs):
-    "float16 mixed precision (CUDA only: on XLA use `to_bf16`)."
-    if is_xla_learner(self): xla_precision_cbs([MixedPrecision(**kwargs)])
-    return Learner._orig_to_fp16(self, **kwargs)
+    def to_fp16(self, **kwargs):
+        "float16 mixed precision is CUDA's: refused, with what to call instead."
+        xla_precision_cbs([MixedPrecision(**kwargs)])
+
+on_xla_learner(check=refuse_float16, setup=use_xla_precision, detach=use_fastai_precision, mixin=XLAPrecisionMethods)

@@ -125,3 +125,23 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_disk):
     with pytest.raises(OSError, match=r'Could not write the checkpoint .*ckpt.pth.*untouched'): big.save('ckpt')
     assert f.read_bytes() == good                           # the previous checkpoint is intact
     assert not list((tiny_disk/'models').glob('.*.tmp'))    # and no half-written file is left
+
+def train_save_load(learn, out_dir, lr, master_late):
+    "Train, save and load (as SaveModelCallback does), the master `master_late` seconds late to its save; write each replica's weights."
+    learn.fit(1, lr)
+    if replica_ordinal() == 0: time.sleep(master_late)
+    learn.save('same_name')
+    learn.load('same_name')
+    Path(out_dir, f'sum-{lr}-{replica_ordinal()}').write_text(repr(sum(p.double().sum().item() for p in learn.model.parameters())))
+
+def test_a_rerun_with_the_same_seed_loads_its_own_checkpoint(tmp_path):
+    """Two runs of the same 2-replica script in one folder, with the same seed (the second with another learning rate, so
+    its weights differ). In the second, the master reaches `save` 8 s after replica 1 reaches `load`: replica 1 must wait
+    for this run's file, not take the first run's (which it did when a run was told by its seed)."""
+    from test_replicas import indexed_learner
+    for lr, late in ((1e-2, 0), (5e-2, 8)):
+        learn = indexed_learner(bs=32, path=tmp_path)
+        learn.launch(train_save_load, str(tmp_path), lr, late, nprocs=2, transport='gloo', dl_kwargs=dict(seed=42))
+    first, second = ([float(tmp_path.joinpath(f'sum-{lr}-{r}').read_text()) for r in (0, 1)] for lr in (1e-2, 5e-2))
+    assert first[0] == first[1] and second[0] != first[0]
+    assert second[1] == second[0], f'replica 1 loaded {second[1]}, the master saved {second[0]} (the first run saved {first[0]})'

@@ -111,7 +111,7 @@ def to_host(b):
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])
     return _rebuild(b, iter(tensors))
 
-# %% ../nbs/00_core.ipynb #0205634b
+# %% ../nbs/00_core.ipynb #9f3a439f
 import copyreg
 
 _xla_classes = {}   # (fastai's class, mixins) -> their XLA class: made once, never changed
@@ -129,8 +129,9 @@ def xla_class(cls, *mixins):
     "The class of `cls`'s objects on XLA: `cls` with `mixins` (subclasses of `XLAVersion`) in front."
     key = (cls, mixins)
     if key not in _xla_classes:
-        _xla_classes[key] = type(f'XLA{cls.__name__}', (*mixins, cls),
-                                 dict(_fastai_class=cls, _xla_mixins=mixins, __module__=mixins[0].__module__))
+        # fastai's name: fastai names metrics, callbacks and columns after their class (`dice_multi`, not `xla_dice_multi`)
+        _xla_classes[key] = type(cls.__name__, (*mixins, cls), dict(_fastai_class=cls, _xla_mixins=mixins,
+                                 __qualname__=cls.__qualname__, __module__=mixins[0].__module__))
     return _xla_classes[key]
 
 def _new_xla_object(cls, mixins, *args):

@@ -18,7 +18,9 @@ start=$SECONDS
 echo "== 1. $(stack .venv): notebooks (nbdev_test)"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
-.venv/bin/nbdev_test --n_workers 2 --timing
+# each notebook in a process of its own (nbdev_test's workers run several in one process, and a notebook's export cells
+# patch its own `to_xla` onto fastai's Learner: a later notebook there would use the first one's copy), two at a time
+ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
 echo "== 1. $(stack .venv): pytest"
 .venv/bin/python -m pytest -m "not notebooks" "$@" tests
 echo "== 2. $(stack .venv-latest): notebooks and pytest"

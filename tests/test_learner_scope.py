@@ -101,10 +101,10 @@ def cpu_run():
 
 cpu_run()                                  # (warms fastai's and Python's caches)
 before = cpu_run()
-import fastai_xla.all
+from fastai_xla.all import XLALearner, LSTMLoopsOnXLA
 xla = learner().to_xla(seed=0)
 with xla.no_bar(): xla.fit(1, 1e-2)
-assert type(xla).__name__ == 'XLALearner' and type(xla.model.lstm).__name__ == 'XLALSTM'
+assert isinstance(xla, XLALearner) and isinstance(xla.model.lstm, LSTMLoopsOnXLA)
 after = cpu_run()
 print('RESULT', json.dumps(dict(before=before, after=after, xla_valid_loss=float(xla.recorder.values[-1][1]))))
 '''

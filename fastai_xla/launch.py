@@ -82,7 +82,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #52e46bc3
+# %% ../nbs/04a_launch.ipynb #e2102f91
 def _recorder_history(learn):
     "The master's `Recorder` history, or None if the launched function never fitted (fastai makes it in `before_fit`)."
     rec = learn.recorder
@@ -112,16 +112,20 @@ def _run_replica(job_dir):
         learn.xla_run.barrier('the end of the function learn.launch runs')
         if learn.xla_run.is_master:
             result = dict(state=host_state(learn.model, getattr(learn, 'opt', None)), recorder=_recorder_history(learn),
-                          out=out if _picklable(out) else None)
+                          **_returned(out))
             save_atomically(result, job_dir/'result.pth')
     except BaseException as e:
         ordinal = _safe_ordinal()
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e
 
-def _picklable(o):
-    try: cloudpickle.dumps(o); return True
-    except Exception: return False
+def _returned(out) -> dict:
+    "What the launched function returned, for the result file: its CPU copy pickled by cloudpickle (which also carries classes made at run time, such as fastai's `SuggestedLRs`), or why it cannot travel."
+    try: return dict(out=cloudpickle.dumps(to_host(out)))
+    except Exception as e:
+        return dict(out_error=f"The function `learn.launch` ran returned a {type(out).__name__}, which cannot be pickled "
+                              f"({type(e).__name__}: {e}), so it cannot come back from the replica. Return plain values "
+                              "(numbers, tensors, lists, dicts) instead, or save it to a file in the function.")
 
 def _safe_ordinal():
     try: return replica_ordinal()
@@ -215,7 +219,7 @@ def _stop(procs, grace:float=5.0):
 if __name__ == '__main__' and len(sys.argv) == 2 and Path(sys.argv[1], 'job.pkl').exists():   # a replica started by `_spawn_gloo`
     _run_replica_then_exit(sys.argv[1])
 
-# %% ../nbs/04a_launch.ipynb #7ad12a6e
+# %% ../nbs/04a_launch.ipynb #c53bb5c9
 def _start_method(start_method:str) -> str:
     "`fork` where the platform has it and this process has not started XLA (nothing to pickle), else `spawn`."
     if start_method != 'auto': return start_method
@@ -283,8 +287,9 @@ def _launch_job(self:Learner, job_dir, job, nprocs, transport, method):
         raise RuntimeError(f'{len(errors)} replica(s) failed:\n{detail}') from (failure[0] if failure else None)
     if failure: raise failure[0]
     result = torch.load(job_dir/'result.pth', weights_only=False)
-    self._load_launch_result(result)
-    return result['out']
+    self._load_launch_result(result)            # (the weights and the history come back whatever the function returned)
+    if 'out_error' in result: raise TypeError(result['out_error'] + " The trained weights and the Recorder's history did come back into this learner.")
+    return cloudpickle.loads(result['out'])
 
 def _new_children(before:set):
     "A function listing this process's child processes that were not in `before`."

@@ -98,3 +98,53 @@ def test_launch_refuses_when_the_runtime_is_already_running():
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))
     with pytest.raises(RuntimeError, match='XLA runtime is already running in this process'):
         learn.launch(lambda l: l.fit(1))             # this pytest process started XLA (see conftest.py)
+
+# --- what fastai's own scripts hit (issue 32): ranger's state, and what a launched function returns
+
+def ranger_then_save(learn):
+    learn.fit_flat_cos(2, 1e-2)
+    learn.save('ranger')
+    return learn.validate()
+
+def test_ranger_through_launch_and_save_holds_cpu_tensors(tmp_path):
+    "fastai's `ranger` (Lookahead over RAdam: slow weights in fastcore `L`s) on 2 gloo replicas: the checkpoint and the result hold CPU tensors only."
+    from test_replicas import indexed_learner
+    learn = indexed_learner(bs=32, opt_func=ranger, path=tmp_path, metrics=accuracy)
+    valid = learn.launch(ranger_then_save, nprocs=2, transport='gloo')
+    state = torch.load(tmp_path/'models'/'ranger.pth', weights_only=False)      # no map_location: as saved
+    assert state['opt']['slow_weights'] is not None and len(tensors_in(state['opt']['slow_weights'])) == 4
+    assert not any(is_xla(t) for t in tensors_in(state)), 'an XLA tensor in the checkpoint'
+    assert not any(is_xla(t) for t in tensors_in(learn.opt.state_dict()))      # the optimizer state that came back
+    test_close(learn.validate(), valid, eps=1e-4)                                   # the weights that came back
+
+def test_every_stateful_fastai_optimizer_saves_cpu_tensors(tmp_path):
+    for opt_func in (Adam, partial(SGD, mom=0.9), RMSProp, QHAdam, Lamb, RAdam, ranger):
+        learn = digits_learner(path=tmp_path, opt_func=opt_func).to_xla(seed=0)
+        with learn.no_bar(): learn.fit(1, 1e-3)
+        learn.save('opt')
+        state = torch.load(tmp_path/'models'/'opt.pth', weights_only=False)
+        assert len(tensors_in(state['opt'])) > 0 and not any(is_xla(t) for t in tensors_in(state)), opt_func
+
+def find_tune_and_look(learn):
+    return dict(lr=learn.lr_find(show_plot=False), tuned=learn.fine_tune(1, 1e-2), valid=learn.validate(), preds=learn.get_preds())
+
+def returns_a_lock(learn):
+    import threading
+    learn.fit(1, 1e-2)
+    return threading.Lock()
+
+def test_what_a_launched_function_returns_comes_back(tmp_path):
+    "fastai's `lr_find` result (a namedtuple class fastai makes at each call), `fine_tune`, `validate`, `get_preds`; what cannot be pickled is refused by name, and the weights still come back."
+    from test_replicas import indexed_learner
+    learn = indexed_learner(bs=32, metrics=accuracy)
+    res = learn.launch(find_tune_and_look, nprocs=2, transport='gloo')
+    assert type(res['lr']).__name__ == 'SuggestedLRs' and 1e-6 < res['lr'].valley < 10, res['lr']
+    assert res['tuned'] is None and len(res['valid']) == 2
+    preds, targs = res['preds']
+    assert not is_xla(preds) and len(preds) == len(learn.dls.valid_ds)
+    test_close(accuracy(preds, targs).item(), res['valid'][1])
+    learn = indexed_learner(bs=32, metrics=accuracy)
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    with pytest.raises(TypeError, match='returned a lock, which cannot be pickled.*did come back'):
+        learn.launch(returns_a_lock, nprocs=2, transport='gloo')
+    assert any((a != p).any() for a, p in zip(before, learn.model.parameters()))   # trained weights came back anyway

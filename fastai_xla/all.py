@@ -15,3 +15,4 @@ from .spmd import *
 from .metrics import *
 from .text import *
 from .augment import *
+from .models import *

@@ -21,21 +21,26 @@ __all__ = ['DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'on_devi
            'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'add_counts', 'class_counts',
            'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #1645f537
+# %% ../nbs/02b_metrics.ipynb #39baf903
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     @torch.no_grad()   # (rather than a `detach`: one operation fewer to trace per step)
     def accumulate(self, learn):
         loss = learn.loss if learn.loss.ndim == 0 else learn.loss.mean()
-        if not is_xla(self.val): self.val = to_xla(self.val.float(), loss.device)
+        if not is_xla(self.val):   # (the start of a fit: fastai's `reset` put a CPU zero there)
+            self.val, self.beta_pow = to_xla([self.val.float(), torch.ones(())], loss.device)
         self.count += 1
         self.val = torch.lerp(loss, self.val, self.beta)
+        # fastai divides by `1 - beta**count`, a Python number that reaches 1.0 in float32 after ~860 steps (beta 0.98),
+        # and torch_xla writes 1.0 into the graph as a constant: one more graph, mid-training. `beta**count` on the device instead
+        self.beta_pow = self.beta_pow * self.beta
         self._value = None
 
     @property
     def value(self):
+        if not is_xla(self.val): return super().value     # (nothing accumulated on the device yet: fastai's)
         # the Recorder asks twice per batch: trace the division once
-        if getattr(self, '_value', None) is None or not is_xla(self.val): self._value = self.val/(1-self.beta**self.count)
+        if getattr(self, '_value', None) is None: self._value = self.val/(1 - self.beta_pow)
         return self._value
 
 class DeviceTotal:

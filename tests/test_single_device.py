@@ -47,6 +47,31 @@ SCHEDULES = {'fit_one_cycle': lambda l: l.fit_one_cycle(5, 1e-2),     # fastai's
              'fine_tune': lambda l: l.fine_tune(3, 1e-2, freeze_epochs=1),
              'bf16_fit_one_cycle': lambda l: l.to_bf16().fit_one_cycle(4, 1e-2)}
 
+def small_steps_learner(counts, **kwargs):
+    "A linear model on the digits in batches of 4: 360 training steps an epoch, cheap ones."
+    set_seed(0, reproducible=True)
+    return Learner(digits_dls(bs=4, seed=42), nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
+                   loss_func=CrossEntropyLossFlat(), metrics=accuracy, cbs=counts, splitter=two_group_splitter, **kwargs).to_xla(seed=0)
+
+# every weight decay, schedule, decoupled (fastai's `true_wd`) or L2 decay, weight decay on batch norm and bias, and
+# discriminative learning rates, at least once: (wd, schedule, Adam's keywords, Learner's keywords, lr)
+HYPER_SWEEP = [(0., 'fit_one_cycle', {}, {}, 1e-2), (1e-4, 'fit_flat_cos', dict(decouple_wd=False), {}, 1e-2),
+               (0.01, 'fit_sgdr', {}, dict(wd_bn_bias=True), 1e-2), (0.1, 'fit_one_cycle', {}, {}, 1e-2),
+               (1., 'fit_one_cycle', {}, {}, slice(1e-4, 1e-2)), (0.1, 'fit_flat_cos', dict(decouple_wd=False), dict(wd_bn_bias=True), slice(1e-4, 1e-2))]
+
+@pytest.mark.parametrize('wd,schedule,adam,learner,lr', HYPER_SWEEP, ids=[f'wd{c[0]}-{c[1]}-{i}' for i, c in enumerate(HYPER_SWEEP)])
+def test_no_hyper_parameter_value_compiles_late(wd, schedule, adam, learner, lr):
+    """Long enough to cross what a short fit never reaches: fastai's smoothed loss divides by `1 - 0.98**n`, which rounds
+    to 1.0 in float32 from step 858 on (torch_xla then traced a constant 1.0 into a new graph: a compile in the third epoch)."""
+    counts = FitCounters()
+    learn = small_steps_learner(counts, wd=wd, opt_func=partial(Adam, **adam), **learner)
+    with learn.no_bar(), learn.no_logging():
+        if schedule == 'fit_sgdr': learn.fit_sgdr(2, 1, lr)          # 1 + 2 epochs
+        else: getattr(learn, schedule)(3, lr)
+    epochs = counts.fits[0]
+    assert len(epochs) * len(learn.dls.train) > 1000
+    assert [e['compiles'] for e in epochs[1:]] == [0] * (len(epochs) - 1), epochs
+
 @pytest.mark.parametrize('schedule', list(SCHEDULES))
 def test_fastai_schedules_compile_in_the_first_epoch_only(schedule):
     "fastai's schedules with fastai's default optimizer: no graph after a fit's first epoch, no performance warning."

@@ -19,7 +19,7 @@ from .callback import finding_lr, on_xla_learner
 __all__ = ['fallback_counts', 'XLAPerformanceWarning', 'XLADiagnostics', 'add_diagnostics', 'remove_diagnostics',
            'enable_compile_cache']
 
-# %% ../nbs/07_diagnostics.ipynb #8c6fa289
+# %% ../nbs/07_diagnostics.ipynb #8fd90309
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     return default_backend().fallback_counts()
@@ -87,7 +87,7 @@ class XLADiagnostics(Callback):
                        "Each one is a round trip between device and host: replace the operation, or move it into the data pipeline.")
 
     def _warn(self, cause, msg):
-        if cause in self.warned: return
+        if cause in self.warned or not self.learn.xla_run.is_master: return   # (every replica sees the same: the master tells)
         self.warned.add(cause)
         warnings.warn(msg, XLAPerformanceWarning, stacklevel=2)
 

@@ -55,7 +55,7 @@ def use_fastai_precision(learn):
     learn.remove_cbs(xla)
     if xla: learn.add_cb(MixedPrecision(amp_mode=AMPMode.BF16))
 
-# %% ../nbs/06_precision.ipynb #75e8effe
+# %% ../nbs/06_precision.ipynb #ce584446
 class XLAPrecisionMethods(XLAVersion):
     "An XLA learner's `to_bf16` and `to_fp16` (see `on_xla_learner`)."
     def to_bf16(self):
@@ -66,5 +66,13 @@ class XLAPrecisionMethods(XLAVersion):
     def to_fp16(self, **kwargs):
         "float16 mixed precision is CUDA's: refused, with what to call instead."
         xla_precision_cbs([MixedPrecision(**kwargs)])
+
+    def to_channelslast(self, use_amp:bool=True, amp_mode=AMPMode.FP16, **kwargs):
+        "fastai's channels-last memory format is a CUDA layout hint; XLA lays tensors out itself: only the mixed precision is kept (bfloat16 only)."
+        if not use_amp: return self
+        if AMPMode(amp_mode) != AMPMode.BF16:
+            raise ValueError("`to_channelslast()` turns on CUDA's float16 mixed precision, which XLA devices do not run; and XLA "
+                             "chooses memory layouts itself. Use `to_channelslast(amp_mode='bf16')`, or just `to_bf16()`.")
+        return self.to_bf16()
 
 on_xla_learner(check=refuse_float16, setup=use_xla_precision, detach=use_fastai_precision, mixin=XLAPrecisionMethods)

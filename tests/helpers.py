@@ -10,10 +10,10 @@ from fastai_xla.demo import digits_frame, digits_dls
 def digits_cnn():
     return nn.Sequential(ConvLayer(1, 16, stride=2), ConvLayer(16, 32, stride=2), nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(32, 10))
 
-def digits_learner(seed=0, bs=64, model=None, metrics=accuracy, **kwargs):
+def digits_learner(seed=0, bs=64, model=None, metrics=accuracy, loss_func=None, **kwargs):
     set_seed(seed, reproducible=True)
     dls = digits_dls(bs=bs, seed=42)
-    return Learner(dls, model or digits_cnn(), loss_func=CrossEntropyLossFlat(), metrics=metrics, **kwargs)
+    return Learner(dls, model or digits_cnn(), loss_func=loss_func or CrossEntropyLossFlat(), metrics=metrics, **kwargs)
 
 class EpochCounters(Callback):
     "XLA counters of each epoch."

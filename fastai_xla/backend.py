@@ -108,7 +108,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00_backend.ipynb #15945fef
+# %% ../nbs/00_backend.ipynb #edee57af
 class Backend:
     "What fastai_xla needs from a device runtime; `TorchXLA` is torch_xla's."
     name = device_type = None
@@ -133,7 +133,6 @@ class Backend:
     def local_ordinal(self) -> int: "This replica's ordinal among those of its host."; raise NotImplementedError
     def count(self) -> int: "How many replicas train together."; raise NotImplementedError
     def local_count(self) -> int: "How many replicas run on this host."; raise NotImplementedError
-    def host_count(self) -> int: "How many hosts the run spans."; return 1
     def all_reduce_sum(self, tensors:list, scale:float=1.0): "Each tensor summed over the replicas, in place, times `scale`."; raise NotImplementedError
     def all_gather(self, t) -> torch.Tensor: "`t` of every replica, stacked: `[count, *t.shape]`."; raise NotImplementedError
     def broadcast_(self, tensors:list, src:int=0): "The `src` replica's values of `tensors`, in place on every replica."; raise NotImplementedError
@@ -148,7 +147,7 @@ class Backend:
     def fallback_counts(self) -> dict: "`{operation: count}` of operations that ran on the CPU instead of the device."; return {}
     def op_counts(self) -> dict: "`{operation: count}` of device operations traced so far (empty where not counted)."; return {}
 
-# %% ../nbs/00_backend.ipynb #2a4250cb
+# %% ../nbs/00_backend.ipynb #71131cae
 class TorchXLA(Backend):
     "torch_xla's lazy tensors, PJRT runtime and collectives (torch_xla 2.8, 2.9)."
     name, device_type = 'torch_xla', 'xla'
@@ -172,7 +171,6 @@ class TorchXLA(Backend):
     def local_ordinal(self): return _xr().local_ordinal()
     def count(self): return _xr().world_size()
     def local_count(self): return _xr().local_process_count() * _xr().addressable_runtime_device_count()
-    def host_count(self): return _xr().process_count() // max(1, _xr().local_process_count())
     def all_reduce_sum(self, tensors, scale=1.0): _xm().all_reduce(_xm().REDUCE_SUM, list(tensors), scale=scale)
     def all_gather(self, t): return _xm().all_gather(t[None], dim=0)
     def broadcast_(self, tensors, src=0): _xm().collective_broadcast(list(tensors), root_ordinal=src)

@@ -73,7 +73,7 @@ def process_settings() -> Settings:
     if pid not in _settings: _settings[pid] = Settings.from_env()
     return _settings[pid]
 
-# %% ../nbs/00b_run.ipynb #24b17967
+# %% ../nbs/00b_run.ipynb #2f5e6b90
 class Alone:
     "The transport of a run of one replica."
     name = 'alone'
@@ -81,7 +81,6 @@ class Alone:
     def local_ordinal(self): return 0
     def count(self): return 1
     def local_count(self): return 1
-    def host_count(self): return 1
 
 class GlooTransport:
     "Cross-replica traffic through `torch.distributed` (gloo) between processes, via host memory."
@@ -100,7 +99,6 @@ class GlooTransport:
     def local_ordinal(self): return self.settings.local_rank if self.settings.local_rank is not None else self.ordinal()
     def count(self): return self._dist().get_world_size()
     def local_count(self): return self.settings.local_world_size or self.count()
-    def host_count(self): return max(1, self.count() // self.local_count())
     def all_reduce_sum(self, tensors, scale=1.0):
         for group in _wire_groups(tensors):
             flat = _host_flat(group)

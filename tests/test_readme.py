@@ -38,3 +38,13 @@ def test_readme_snippet_runs_as_written(name, tmp_path):
     assert [int(r[0]) for r in rows] == [0, 1, 2], out[-3000:]
     assert rows[-1][3] > 0.9, rows                     # it learned (0.97-0.98 in the runs the README quotes)
     assert 'XLAPerformanceWarning' not in out, out[-3000:]   # a healthy run: no late compile, no per-batch reads
+
+def test_the_images_install_command_is_the_one_env_sh_runs():
+    "scripts/env.sh installs fastai_xla into its copies of Colab's and Kaggle's images with the README's two lines."
+    lines = re.search(r"```bash\n(pip list --format=freeze \| grep -iE '([^']+)' > keep\.txt)\n(pip install -c keep\.txt \./fastai_xla)\n```",
+                      README.read_text())
+    assert lines, 'the README has no Kaggle/Colab install block'
+    env = (README.parent/'scripts'/'env.sh').read_text()
+    assert f"pip\" list --format=freeze | grep -iE '{lines.group(2)}' > \"$1/keep.txt\"" in env
+    assert 'pip" install "${PIP_QUIET[@]}" -c "$1/keep.txt" "$2"' in env
+    assert re.search(r'image_env colab 3\.13 .*\n\s*image_env kaggle 3\.12', env)

@@ -16,7 +16,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 PIP_QUIET=(-q --disable-pip-version-check --no-cache-dir)   # no second copy of 4 GB of wheels in ~/.cache/pip
 BASE_SPEC="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai==2.8.7 fastcore==1.14.5 nbdev==2.4.14 execnb==0.1.18 scikit-learn pytest nbclient ipykernel"
-TEST_TOOLS="pytest nbclient ipykernel scikit-learn"
+TEST_TOOLS="pytest pytest-xdist nbclient ipykernel scikit-learn"
 
 _stamp_ok() { [ -f "$1/.fastai_xla-stamp" ] && [ "$(cat "$1/.fastai_xla-stamp")" = "$2" ]; }
 _new_venv() {   # a new virtual environment at $2 from the interpreter $1, with the newest pip
@@ -52,8 +52,13 @@ if ! _stamp_ok "$ROOT/.venv" "$BASE_SPEC"; then
     echo "$BASE_SPEC" > "$ROOT/.venv/.fastai_xla-stamp"
 fi
 
-# the documentation's tools (nbdev's processing of the notebooks, rendered with nbconvert where Quarto is missing)
-"$ROOT/.venv/bin/python" -c 'import nbconvert' 2>/dev/null || "$ROOT/.venv/bin/pip" install "${PIP_QUIET[@]}" nbconvert 2>&1 | _quiet_pip
+# added since .venv's spec: the docs' renderer where Quarto is missing (nbconvert), tests two at a time (pytest-xdist),
+# timm's models for benchmarks/architectures.py
+DEV_EXTRAS="nbconvert pytest-xdist timm"
+if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
+    "$ROOT/.venv/bin/pip" install "${PIP_QUIET[@]}" $DEV_EXTRAS 2>&1 | _quiet_pip
+    echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"
+fi
 
 # the README's install command for the TPU images (they bring torch_xla), with this checkout as the source
 image_install() {   # $1: the environment, $2: what to install

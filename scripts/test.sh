@@ -5,12 +5,11 @@
 #      package and README up to date with nbs/, the notebooks' tests (nbdev_test), pytest (the README's snippets
 #      among them, run as written) and the docs build (a page per notebook)
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
-#      installed with the README's command: what depends on fastai's or Python's version: the notebooks in a Jupyter
-#      kernel, pickling and launch, learners and callbacks, replicas and checkpoints, the import check, the README's
-#      script snippet
+#      installed with the README's command: the tests marked `stacks` (what torch_xla's and Python's versions and the
+#      packaging decide) and `fastai_version` (what fastai's decides: every notebook in a Jupyter kernel, fastai's
+#      training features, the README's notebook snippet); tests/conftest.py lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
-#      the README's command: what depends on torch_xla's version: device, learners, replicas, checkpoints, launch,
-#      packaging, text's loop builder, the import check, and the demo
+#      the README's command: the tests marked `stacks`, and the demo
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # Extra arguments go to every pytest run.
 set -euo pipefail
@@ -39,15 +38,14 @@ echo "== 1. $(stack .venv): the docs site"
 PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
 lap "stack 1 docs"
 
-echo "== 2. $(stack .venv-colab): notebooks and pytest"
-.venv-colab/bin/python -m pytest "$@" tests/test_notebooks.py tests/test_learner_scope.py tests/test_launch.py \
-    tests/test_replicas.py tests/test_checkpoint.py tests/test_fastai_features.py 'tests/test_readme.py::test_readme_snippet_runs_as_written[script]'
+echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, two at a time"
+.venv-colab/bin/python -m pytest -n 2 -m notebooks "$@" tests/test_notebooks.py
+echo "== 2. $(stack .venv-colab): pytest, what differs between the stacks and what fastai's version decides"
+.venv-colab/bin/python -m pytest -m "(stacks or fastai_version) and not notebooks" "$@" tests
 lap "stack 2 (Colab)"
 
-echo "== 3. $(stack .venv-kaggle): pytest"
-.venv-kaggle/bin/python -m pytest -m "not notebooks and not readme" "$@" tests/test_device.py tests/test_single_device.py \
-    tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_packaging.py tests/test_text.py \
-    tests/test_learner_scope.py
+echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
+.venv-kaggle/bin/python -m pytest -m stacks "$@" tests
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 lap "stack 3 (Kaggle)"

@@ -6,6 +6,8 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'readme: runs the README snippets as written (slow; the first pass of scripts/test.sh only)')
     config.addinivalue_line('markers', 'text: fastai text learners end to end (slow; the first pass of scripts/test.sh only, the second runs nbs/11_text)')
     config.addinivalue_line('markers', 'notebooks: executes the notebooks in nbs/ (the first pass of scripts/test.sh runs them with nbdev_test instead)')
+    config.addinivalue_line('markers', 'stacks: what differs between the supported stacks (torch_xla, Python, packaging): run on every stack')
+    config.addinivalue_line('markers', "fastai_version: what fastai's version decides beyond `stacks`: run on the newest fastai (Colab's stack) too")
 
 @pytest.fixture(scope='session', autouse=True)
 def xla_first():
@@ -13,7 +15,52 @@ def xla_first():
     from fastai_xla.core import xla_device
     return xla_device()
 
+# What differs between the supported stacks, so that scripts/test.sh runs it on every one (the development stack runs
+# every test; the two TPU images' stacks run these, not every test again). By file: every test (None), or these.
+ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed package decide
+    'test_device.py': None,                  # finding and starting the device, the install checks
+    'test_learner_scope.py': None,           # what importing fastai_xla replaces in fastai and torch (nothing)
+    'test_packaging.py': None,               # pip install, editable install, sdist and wheel
+    'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_tabular_with_embeddings_matches_eager_cpu',
+        'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1', 'test_fastai_adam_grouped_on_xla_steps_as_fastais_own',
+        'test_gradient_accumulation_steps_every_other_batch', 'test_accum_metrics_are_exact', 'test_save_load_then_fit',
+        'test_no_hyper_parameter_value_compiles_late[wd0.01-fit_sgdr-2]'],        # learning, the optimizer, compiles
+    'test_launch.py': ['test_script_form_with_xmp_spawn', 'test_launch_a_function_defined_in_main[gloo-2-spawn]',
+        'test_every_stateful_fastai_optimizer_saves_cpu_tensors', 'test_what_a_launched_function_returns_comes_back'],  # spawn, pickling
+    'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
+        'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
+        'test_master_alone_in_get_preds_is_named_at_once', 'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback'],
+    'test_checkpoint.py': ['test_export_opens_where_torch_xla_is_not_installed', 'test_save_on_the_master_only_neither_hangs_nor_breaks_load',
+        'test_each_host_writes_its_own_checkpoint', 'test_full_disk_keeps_the_previous_checkpoint'],
+    'test_notebooks.py': ['test_notebook[00_backend]', 'test_notebook[11_text]', 'test_notebook[13_models]'],  # every torch_xla name we use, text's loop builder, module versions
+}
+ON_NEWEST_FASTAI = {  # and what fastai's version decides (its private API, data, callbacks, training features)
+    'test_notebooks.py': None,               # every module's own tests
+    'test_fastai_features.py': ['test_training_feature_learns_like_eager_and_stays_steady[CutMix]',
+        'test_saving_stopping_logging_callbacks', 'test_channels_last_and_fp16_are_refused_with_what_to_call',
+        'test_fastai_gpu_script_calls_on_two_replicas'],
+    'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_collab_from_a_ratings_frame'],
+    'test_notebook_launch.py': None,
+    'test_readme.py': ['test_readme_snippet_runs_as_written[notebook]'],   # the notebook form: what a Colab user runs
+}
+
+def _listed(item, table) -> bool:
+    names = table.get(item.path.name, [])
+    return names is None or item.name in names
+
 def pytest_collection_modifyitems(config, items):
-    "fastai's star imports bring fastcore's `test_eq`, `test_fail`...: they are helpers, not tests."
+    "fastai's star imports bring fastcore's `test_eq`, `test_fail`...: they are helpers, not tests. Then the stack marks."
     ours = lambda i: getattr(getattr(i, 'obj', None), '__module__', '').split('.')[0] not in ('fastcore', 'fastai', 'torch')
     items[:] = [i for i in items if ours(i)]
+    for item in items:
+        if _listed(item, ON_EVERY_STACK): item.add_marker(pytest.mark.stacks)
+        if _listed(item, ON_NEWEST_FASTAI): item.add_marker(pytest.mark.fastai_version)
+    # a name in the tables above that no longer names a test would quietly leave it untested on the image stacks
+    collected = {}
+    for item in items: collected.setdefault(item.path.name, set()).add(item.name)
+    for table in (ON_EVERY_STACK, ON_NEWEST_FASTAI):
+        for file, names in table.items():
+            whole_file = file in collected and not config.option.keyword and not any('::' in a for a in config.args)
+            missing = set(names or []) - collected[file] if whole_file else set()
+            if missing:
+                raise pytest.UsageError(f'tests/conftest.py names tests that tests/{file} does not have: {sorted(missing)}')

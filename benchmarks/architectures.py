@@ -9,13 +9,16 @@ digits as 3-channel images, masks, a table, ratings, docstrings), then measured 
 - fallbacks per step, before -> after: operations torch_xla ran on the CPU (its `aten::` counters) in one training
   step of fastai's model moved to the device as it is (before), and per training step of a fit with
   `to_xla()` (after: the learner's modules as their XLA versions);
-- device reads per epoch and graphs compiled after the first epoch, in a fit of `--epochs` epochs;
+- device reads per epoch and graphs compiled after the first epoch, in a fit of `--epochs` epochs ("expected": the
+  one `XLADiagnostics` expects and does not warn about, the usual training graph of the shapes of a fit's first
+  step, which had a graph of its own: fastai's text loaders put the longest batch first);
 - one step equal to eager CPU: the loss and every gradient of one training step (dropout off, the same weights and
   batch) on the XLA device against eager CPU, as the largest difference relative to the largest value;
-- ok: no fallback after, no late compile, reads per epoch at most 4 (fastai_xla reads twice: the losses and
-  metrics of each phase), the step equal (loss to 1e-3, gradients to 1e-3 of the largest).
+- ok: no fallback after, no late compile but the expected one, reads per epoch at most 4 (fastai_xla reads twice: the losses and
+  metrics of each phase), the step equal (loss to 1e-3, every gradient to 1e-3 of the model's largest).
 Counts are exact; nothing here is timed. timm's rows need `pip install timm` (skipped without it)."""
-import argparse, copy, sys, tempfile, warnings
+import argparse, sys, tempfile, warnings
+from copy import deepcopy
 from functools import partial
 from pathlib import Path
 warnings.filterwarnings('ignore')
@@ -88,16 +91,21 @@ ARCHITECTURES = {
 }
 
 def no_dropout(model):
+    "`model` with its dropouts at 0 (fastai's `WeightDropout` aside: at 0 it makes a weight a parameter twice; see `step_grads`)."
     for m in model.modules():
-        if isinstance(m, nn.Dropout) or type(m).__name__ in ('RNNDropout', 'WeightDropout', 'EmbeddingDropout', 'DropPath'):
-            for attr in ('p', 'drop_prob', 'embed_p', 'weight_p'):
+        if isinstance(m, nn.Dropout) or type(m).__name__ in ('RNNDropout', 'EmbeddingDropout', 'DropPath'):
+            for attr in ('p', 'drop_prob', 'embed_p'):
                 if hasattr(m, attr): setattr(m, attr, 0.)
     return model
 
 def step_grads(learn, model, batch):
     "The loss and gradients of one training step of `model` on `batch`, with the learner's loss function."
-    *xb, yb = batch
+    *xb, yb = map_tensors(plain_tensor, batch)
+    # (train mode: torch_xla's batch norm has no backward in eval mode; fastai's `WeightDropout` in eval mode: it
+    # draws differently on each device, and at p=0 it breaks)
     model.train(); model.zero_grad()
+    for m in model.modules():
+        if type(m).__name__ == 'WeightDropout': m.eval()
     if hasattr(model, 'reset'): model.reset()
     pred = model(*xb)
     loss = learn.loss_func(pred[0] if isinstance(pred, tuple) else pred, yb)
@@ -116,33 +124,44 @@ def measure(name, make, out, size, epochs):
     learn = make(out, size)
     learn.model = no_dropout(learn.model)
     batch = learn.dls.train.one_batch()
-    cpu = copy.deepcopy(learn.model)
+    def twin():   # the same model again
+        try: return deepcopy(learn.model)
+        except RuntimeError:      # (fastai's DynamicUnet holds activations, which deepcopy refuses)
+            m = no_dropout(make(out, size).model)
+            m.load_state_dict(learn.model.state_dict())
+            return m
+    cpu = twin()
     dev = xla_device()
     # before: fastai's model as it is, moved to the device
-    plain = copy.deepcopy(learn.model).to(dev)
-    (_, _), before = fallbacks(lambda: step_grads(learn, plain, to_xla(batch)))
+    try:
+        plain = twin().to(dev)
+        (_, _), before = fallbacks(lambda: step_grads(learn, plain, to_xla(batch)))
+        before = f"{sum(before.values())} ({', '.join(sorted(before)) or '-'})"
+    except Exception as e: before = f'fails ({type(e).__name__})'
     # one step against eager CPU, the model as the learner runs it on XLA
     (loss_c, grads_c) = step_grads(learn, cpu, batch)
-    on_xla = model_on_xla(copy.deepcopy(cpu).to(dev))
+    on_xla = model_on_xla(twin().to(dev))
     (loss_x, grads_x), _ = fallbacks(lambda: step_grads(learn, on_xla, to_xla(batch)))
     loss_x, grads_x = to_host(loss_x), to_host(grads_x)
     loss_err = float((loss_x - loss_c).abs() / loss_c.abs().clamp_min(1e-6))
-    grad_err = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(grads_x, grads_c))
+    largest = max(float(b.abs().max()) for b in grads_c)          # (relative to the largest gradient of the model)
+    grad_err = max(float((a - b).abs().max()) for a, b in zip(grads_x, grads_c)) / max(largest, 1e-12)
     # a fit on XLA
     learn.to_xla(seed=0)
-    learn.fit(epochs, 1e-3)
+    with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-3)   # (the bar reads the loss to show it)
     rows = learn.xla_diagnostics.epochs
     steps = sum(r['train_batches'] for r in rows)
     after = sum(sum(r['fallbacks'].values()) for r in rows) / max(steps, 1)
     late = sum(r['compiles'] for r in rows[1:])
+    warned_late = bool(learn.xla_diagnostics.warned & {'shapes', 'recompile'})   # (not the one fastai_xla expects: below)
     reads = max(r['to_host'] for r in rows)
-    ok = after == 0 and late == 0 and reads <= 4 and loss_err < 1e-3 and grad_err < 1e-3
-    return dict(architecture=name, before=sum(before.values()), before_ops=', '.join(sorted(before)) or '-', after=after,
-                reads=reads, late=late, loss_err=loss_err, grad_err=grad_err, ok=ok)
+    ok = after == 0 and not warned_late and reads <= 4 and loss_err < 1e-3 and grad_err < 1e-3
+    return dict(architecture=name, before=before, after=after,
+                reads=reads, late=late, warned_late=warned_late, loss_err=loss_err, grad_err=grad_err, ok=ok)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--only', nargs='*', help='names (or the start of names) of the architectures to run')
+    p.add_argument('--only', nargs='*', help="names of the architectures to run ('xresnet*': every name that starts so)")
     p.add_argument('--epochs', type=int, default=2)
     p.add_argument('--size', type=int, default=32)
     p.add_argument('--out', type=Path, default=Path(tempfile.gettempdir())/'fastai_xla_architectures')
@@ -152,13 +171,13 @@ def main():
           'one step vs eager: loss, gradients | ok |')
     print('|---|---|---|---|---|---|')
     for name, make in ARCHITECTURES.items():
-        if a.only and not any(name.startswith(o) or o in name for o in a.only): continue
+        if a.only and not any(name == o or (o.endswith('*') and name.startswith(o[:-1])) for o in a.only): continue
         if make is None or (name.startswith('timm') and timm is None):
             print(f'| {name} | (timm is not installed) | | | | |'); continue
         try: r = measure(name, make, a.out, a.size, a.epochs)
         except Exception as e:
             print(f'| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | | | | no |', flush=True); continue
-        print(f"| {name} | {r['before']} ({r['before_ops']}) -> {r['after']:g} | {r['reads']} | {r['late']} | "
+        print(f"| {name} | {r['before']} -> {r['after']:g} | {r['reads']} | {r['late']}{'' if r['warned_late'] or not r['late'] else ' (expected)'} | "
               f"{r['loss_err']:.0e}, {r['grad_err']:.0e} | {'yes' if r['ok'] else 'no'} |", flush=True)
 
 if __name__ == '__main__': main()

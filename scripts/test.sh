@@ -7,7 +7,7 @@
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
 #      installed with the README's command: the tests marked `stacks` (what torch_xla's and Python's versions and the
 #      packaging decide) and `fastai_version` (what fastai's decides: every notebook in a Jupyter kernel, fastai's
-#      training features, the README's notebook snippet); tests/conftest.py lists them, with why
+#      training features, a launch from a notebook's kernel); tests/conftest.py lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.

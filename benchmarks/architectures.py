@@ -19,7 +19,8 @@ digits as 3-channel images, masks, a table, ratings, docstrings), then measured 
   metrics of each phase), the step close to float64's (the loss to 1e-4, every gradient to 1e-2 of the model's largest: in deep networks the
   XLA device's float32 step is further from float64 than eager CPU's, xresnet50's gradients 2e-3 against 4e-6, not
   from the matrix products' precision, which this was measured with at 'highest' too; the cause is not found yet).
-Counts are exact; nothing here is timed. timm's rows need `pip install timm` (skipped without it)."""
+Counts are exact; nothing here is timed. timm's rows need `pip install timm` (skipped without it). Each architecture
+runs in a process of its own."""
 import argparse, sys, tempfile, warnings
 from copy import deepcopy
 from functools import partial
@@ -173,11 +174,11 @@ def main():
     p.add_argument('--epochs', type=int, default=2)
     p.add_argument('--size', type=int, default=32)
     p.add_argument('--out', type=Path, default=Path(tempfile.gettempdir())/'fastai_xla_architectures')
+    p.add_argument('--in-process', action='store_true', help='run in this process (else each architecture in a fresh one)')
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    print('| architecture | CPU fallbacks per step: before -> after | device reads per epoch | compiles after epoch 1 | '
-          'one step vs float64: loss, gradients on XLA (eager CPU) | ok |')
-    print('|---|---|---|---|---|---|')
+    if not a.in_process: return each_in_its_own_process(a)
+    print(HEADER)
     for name, make in ARCHITECTURES.items():
         if a.only and not any(name == o or (o.endswith('*') and name.startswith(o[:-1])) for o in a.only): continue
         if make is None or (name.startswith('timm') and timm is None):
@@ -187,5 +188,19 @@ def main():
             print(f'| {name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | | | | no |', flush=True); continue
         print(f"| {name} | {r['before']} -> {r['after']:g} | {r['reads']} | {r['late']}{'' if r['warned_late'] or not r['late'] else ' (expected)'} | "
               f"{r['loss_err']:.0e}, {r['grad_err']:.0e} ({r['cpu_loss_err']:.0e}, {r['cpu_grad_err']:.0e}) | {'yes' if r['ok'] else 'no'} |", flush=True)
+
+HEADER = ('| architecture | CPU fallbacks per step: before -> after | device reads per epoch | compiles after epoch 1 | '
+          'one step vs float64: loss, gradients on XLA (eager CPU) | ok |\n|---|---|---|---|---|---|')
+
+def each_in_its_own_process(a):
+    "Each architecture in a process of its own (one process ran out of memory in XLA's CPU compiler after 13 of them)."
+    import subprocess
+    print(HEADER)
+    for name in (n for n in ARCHITECTURES if not a.only or any(n == o or (o.endswith('*') and n.startswith(o[:-1])) for o in a.only)):
+        r = subprocess.run([sys.executable, __file__, '--in-process', '--only', name, '--epochs', str(a.epochs), '--size', str(a.size),
+                            '--out', str(a.out)], capture_output=True, text=True)
+        rows = [l for l in r.stdout.splitlines() if l.startswith('|')]
+        if len(rows) > 2: print(rows[2], flush=True)
+        else: print(f"| {name} | crashed (exit {r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1][:120]} | | | | no |", flush=True)
 
 if __name__ == '__main__': main()

@@ -168,6 +168,10 @@ def measure(name, make, out, size, epochs):
     return dict(architecture=name, before=before, after=after,
                 reads=reads, late=late, warned_late=warned_late, loss_err=loss_err, grad_err=grad_err, cpu_loss_err=cpu_loss_err, cpu_grad_err=cpu_grad_err, ok=ok)
 
+def selected(only) -> list:
+    "The names of ARCHITECTURES that `--only` asks for: each name exactly, or every name starting so for `'xresnet*'`; all without it."
+    return [n for n in ARCHITECTURES if not only or any(n == o or (o.endswith('*') and n.startswith(o[:-1])) for o in only)]
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--only', nargs='*', help="names of the architectures to run ('xresnet*': every name that starts so)")
@@ -179,8 +183,8 @@ def main():
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.in_process: return each_in_its_own_process(a)
     print(HEADER)
-    for name, make in ARCHITECTURES.items():
-        if a.only and not any(name == o or (o.endswith('*') and name.startswith(o[:-1])) for o in a.only): continue
+    for name in selected(a.only):
+        make = ARCHITECTURES[name]
         if make is None or (name.startswith('timm') and timm is None):
             print(f'| {name} | (timm is not installed) | | | | |'); continue
         try: r = measure(name, make, a.out, a.size, a.epochs)
@@ -196,7 +200,7 @@ def each_in_its_own_process(a):
     "Each architecture in a process of its own (one process ran out of memory in XLA's CPU compiler after 13 of them)."
     import subprocess
     print(HEADER)
-    for name in (n for n in ARCHITECTURES if not a.only or any(n == o or (o.endswith('*') and n.startswith(o[:-1])) for o in a.only)):
+    for name in selected(a.only):
         r = subprocess.run([sys.executable, __file__, '--in-process', '--only', name, '--epochs', str(a.epochs), '--size', str(a.size),
                             '--out', str(a.out)], capture_output=True, text=True)
         rows = [l for l in r.stdout.splitlines() if l.startswith('|')]

@@ -9,11 +9,11 @@ from fastcore.foundation import L
 from .backend import *
 
 # %% auto #0
-__all__ = ['xla_device', 'device_kind', 'is_xla', 'check_autograd', 'step_boundary', 'tensors_in', 'map_tensors', 'plain_tensor',
-           'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version', 'fastai_version',
-           'xla_counters', 'counters_diff']
+__all__ = ['xla_device', 'device_kind', 'is_xla', 'off_host', 'check_autograd', 'step_boundary', 'tensors_in', 'map_tensors',
+           'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version',
+           'fastai_version', 'xla_counters', 'counters_diff']
 
-# %% ../nbs/00_core.ipynb #0e9b5226
+# %% ../nbs/00_core.ipynb #a93d49cb
 def xla_device() -> torch.device:
     "The XLA device of this replica."
     return default_backend().device()
@@ -23,7 +23,11 @@ def device_kind() -> str:
     return default_backend().device_kind()
 
 def is_xla(t) -> bool:
-    "Is `t` (a tensor or a device) on an XLA device?"
+    "Is `t` (a tensor or a device) on torch_xla's device? (What only torch_xla needs: its lowerings, its graphs.)"
+    return torch_xla_backend.is_on(t)
+
+def off_host(t) -> bool:
+    "Is `t` (a tensor or a device) on a device other than the host: an XLA device, TorchTPU's `tpu`? (The native backend's CPU device is the host.)"
     return backend_of(t) is not None
 
 # %% ../nbs/00_core.ipynb #c747f760
@@ -52,7 +56,7 @@ def step_boundary():
     gc.collect(1)            # cyclic garbage holding device tensors would become graph outputs
     default_backend().sync()
 
-# %% ../nbs/00_core.ipynb #842bdbf0
+# %% ../nbs/00_core.ipynb #e317b26f
 def _leaves(o, found):
     "Collect the tensors in a nested structure of tuples, lists, fastcore `L`s and dicts."
     if isinstance(o, torch.Tensor): found.append(o)
@@ -94,8 +98,9 @@ def to_xla(b, device=None, sharding=None):
     "Copy every CPU tensor in the nested batch `b` to the XLA `device` in one transfer, keeping types."
     # `sharding(t)`: how an SPMD mesh splits `t` across its devices (None: every device holds all of it)
     device = device or xla_device()
+    if backend_of(device) is None: return b    # the device is the host (the native backend on the CPU): nothing to move
     tensors = _leaves(b, [])
-    todo = [i for i,t in enumerate(tensors) if not is_xla(t)]
+    todo = [i for i,t in enumerate(tensors) if not off_host(t)]
     if todo:
         plain = [plain_tensor(tensors[i]).contiguous() for i in todo]
         specs = [sharding(t) for t in plain] if sharding is not None else None
@@ -106,7 +111,7 @@ def to_xla(b, device=None, sharding=None):
 def to_host(b):
     "Copy every XLA tensor in the nested structure `b` to the CPU in one transfer, keeping types."
     tensors = _leaves(b, [])
-    todo = [i for i,t in enumerate(tensors) if is_xla(t)]
+    todo = [i for i,t in enumerate(tensors) if off_host(t)]
     if todo:
         moved = backend_of(tensors[todo[0]]).to_cpu([plain_tensor(tensors[i].detach()) for i in todo])
         for i,m in zip(todo, moved): tensors[i] = _like(m, tensors[i])

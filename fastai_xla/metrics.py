@@ -18,17 +18,22 @@ from .data import *
 
 # %% auto #0
 __all__ = ['DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'on_device', 'fetch_to_host', 'gather_in_order',
-           'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'add_counts', 'class_counts',
-           'CountsOnDevice', 'ClassCountsOnDevice']
+           'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'on_run_device', 'add_counts',
+           'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #39baf903
+# %% ../nbs/02b_metrics.ipynb #fe392b35
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
+    def reset(self):
+        super().reset()
+        self.device = self._value = None   # (fastai's `reset` put a CPU zero in `val`: nothing on the device yet)
+
     @torch.no_grad()   # (rather than a `detach`: one operation fewer to trace per step)
     def accumulate(self, learn):
         loss = learn.loss if learn.loss.ndim == 0 else learn.loss.mean()
-        if not is_xla(self.val):   # (the start of a fit: fastai's `reset` put a CPU zero there)
-            self.val, self.beta_pow = to_xla([self.val.float(), torch.ones(())], loss.device)
+        if getattr(self, 'device', None) is None:   # the start of a fit
+            self.device, self.beta_pow = loss.device, to_xla(torch.ones(()), loss.device)
+        if self.val.device != self.device: self.val = to_xla(self.val.float(), self.device)   # (the Recorder read it last phase)
         self.count += 1
         self.val = torch.lerp(loss, self.val, self.beta)
         # fastai divides by `1 - beta**count`, a Python number that reaches 1.0 in float32 after ~860 steps (beta 0.98),
@@ -38,7 +43,7 @@ class DeviceSmoothLoss(AvgSmoothLoss):
 
     @property
     def value(self):
-        if not is_xla(self.val): return super().value     # (nothing accumulated on the device yet: fastai's)
+        if getattr(self, 'device', None) is None or self.val.device != self.device: return super().value   # (nothing on the device: fastai's)
         # the Recorder asks twice per batch: trace the division once
         if getattr(self, '_value', None) is None: self._value = self.val/(1 - self.beta_pow)
         return self._value
@@ -122,7 +127,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
-# %% ../nbs/02b_metrics.ipynb #f3abf034
+# %% ../nbs/02b_metrics.ipynb #5f98d1ce
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -171,13 +176,13 @@ class DeviceMetricsCallback(Callback):
                 total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self.device)
                 run.all_reduce_sum_([total, count])
                 m.total.t, m.count = total, int(to_host(count).item())
-            elif isinstance(m, AvgSmoothLoss) and is_xla(m.val):
+            elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self.device:
                 run.all_reduce_mean_([m.val])
             elif isinstance(m, AccumMetric) and n is not None:
                 m.preds, m.targs = [gather_in_order(m.preds, n, run)], [gather_in_order(m.targs, n, run)]
             elif _lookup(_summed_state, m):
                 sums = [getattr(m, a) for a in _lookup(_summed_state, m)]
-                if all(isinstance(t, torch.Tensor) and is_xla(t) for t in sums): run.all_reduce_sum_(sums)
+                if all(isinstance(t, torch.Tensor) and t.device == self.device for t in sums): run.all_reduce_sum_(sums)
 
     # --- the Recorder's loss of every step: to the host in batches, a step behind the device
     def after_batch(self):
@@ -213,10 +218,15 @@ class ReplicaPredsCallback(Callback):
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
 
-# %% ../nbs/02b_metrics.ipynb #e6eacea8
+# %% ../nbs/02b_metrics.ipynb #bfbfbbb8
+def on_run_device(learn, t) -> bool:
+    "Is `t` a tensor on the device of `learn`'s run (an XLA learner's)?"
+    run = getattr(learn, 'xla_run', None)
+    return run is not None and isinstance(t, torch.Tensor) and t.device == run.device
+
 def add_counts(total, counts:torch.Tensor) -> torch.Tensor:
     "`total + counts` on the device; a `total` that is not yet a device tensor (fastai's `0`) starts as device zeros."
-    if not (isinstance(total, torch.Tensor) and is_xla(total)):
+    if not (isinstance(total, torch.Tensor) and total.device == counts.device):
         total = to_xla(torch.zeros(counts.shape, dtype=counts.dtype), counts.device)
     return total + counts
 
@@ -232,7 +242,7 @@ def class_counts(pred:torch.Tensor, targ:torch.Tensor, n_classes:int):
 class CountsOnDevice(XLAVersion):
     "The XLA version of fastai's `Dice` and `JaccardCoeff`: the pixel counts kept on the device."
     def accumulate(self, learn):
-        if not is_xla(learn.pred): return super().accumulate(learn)
+        if not on_run_device(learn, learn.pred): return super().accumulate(learn)
         pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
         self.inter = add_counts(self.inter, (pred * targ).sum())
         self.union = add_counts(self.union, (pred + targ).sum())
@@ -240,7 +250,7 @@ class CountsOnDevice(XLAVersion):
 class ClassCountsOnDevice(XLAVersion):
     "The XLA version of fastai's `DiceMulti` and `JaccardCoeffMulti`: every class's counts kept on the device."
     def accumulate(self, learn):
-        if not is_xla(learn.pred): return super().accumulate(learn)
+        if not on_run_device(learn, learn.pred): return super().accumulate(learn)
         pred, targ = flatten_check(plain_tensor(learn.pred).argmax(dim=self.axis), plain_tensor(learn.y))
         inter, union = class_counts(pred, targ.long(), learn.pred.shape[self.axis])
         self.inter, self.union = add_counts(self.inter, inter), add_counts(self.union, union)

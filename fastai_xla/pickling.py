@@ -13,10 +13,10 @@ from .core import *
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/01_pickling.ipynb #a88dc748
+# %% ../nbs/01_pickling.ipynb #39a3914d
 @patch
 def __reduce_ex__(self:TensorBase, proto):
-    if is_xla(self): return to_host(self).__reduce_ex__(proto)
+    if off_host(self): return to_host(self).__reduce_ex__(proto)
     return TensorBase._orig___reduce_ex__(self, proto)   # fastai's, which fastcore's `patch` keeps
 
 # %% ../nbs/01_pickling.ipynb #3d6a1af4

@@ -13,10 +13,10 @@ import torch.distributed as dist
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Settings', 'process_settings', 'Alone', 'GlooTransport', 'process_transport', 'replica_ordinal', 'replica_count',
-           'is_master', 'is_local_master', 'new_run_id', 'Run', 'ReplicasDiverged', 'watch_replicas']
+__all__ = ['Settings', 'process_settings', 'Alone', 'DistTransport', 'GlooTransport', 'process_transport', 'replica_ordinal',
+           'replica_count', 'is_master', 'is_local_master', 'new_run_id', 'Run', 'ReplicasDiverged', 'watch_replicas']
 
-# %% ../nbs/00b_run.ipynb #c137dda1
+# %% ../nbs/00b_run.ipynb #71e72b48
 def _number(env, name:str, default, kind=float, low=None):
     "The number in the environment variable `name` (`default` if unset), checked; a clear error that names the variable."
     raw = env.get(name, '')
@@ -55,13 +55,13 @@ class Settings:
                   master_addr=env.get('FASTAI_XLA_MASTER_ADDR') or None,
                   master_port=_number(env, 'FASTAI_XLA_MASTER_PORT', None, int, low=1),
                   store_addr=env.get('FASTAI_XLA_STORE_ADDR') or env.get('MASTER_ADDR') or None)
-        if transport == 'gloo': res._check_gloo()
+        if transport == 'gloo': res._check_group('FASTAI_XLA_TRANSPORT=gloo')
         return res
 
-    def _check_gloo(self):
+    def _check_group(self, what:str):
         missing = [n for n, v in [('FASTAI_XLA_RANK', self.rank), ('FASTAI_XLA_WORLD_SIZE', self.world_size),
                                   ('FASTAI_XLA_MASTER_ADDR', self.master_addr), ('FASTAI_XLA_MASTER_PORT', self.master_port)] if v is None]
-        if missing: raise ValueError(f"FASTAI_XLA_TRANSPORT=gloo needs {', '.join(missing)} too (`learn.launch(transport='gloo')` sets them all).")
+        if missing: raise ValueError(f"{what} needs {', '.join(missing)} too (`learn.launch` and `spawn` set them all).")
         if self.rank >= self.world_size:
             raise ValueError(f"FASTAI_XLA_RANK={self.rank} must be below FASTAI_XLA_WORLD_SIZE={self.world_size}.")
 
@@ -73,7 +73,7 @@ def process_settings() -> Settings:
     if pid not in _settings: _settings[pid] = Settings.from_env()
     return _settings[pid]
 
-# %% ../nbs/00b_run.ipynb #2f5e6b90
+# %% ../nbs/00b_run.ipynb #df2b98a6
 class Alone:
     "The transport of a run of one replica."
     name = 'alone'
@@ -82,43 +82,48 @@ class Alone:
     def count(self): return 1
     def local_count(self): return 1
 
-class GlooTransport:
-    "Cross-replica traffic through `torch.distributed` (gloo) between processes, via host memory."
-    name = 'gloo'
-    def __init__(self, settings:Settings): self.settings = settings
+class DistTransport:
+    "Cross-replica traffic between processes through a `torch.distributed` process group: gloo, via host memory (XLA devices, the CPU), or the device's own (TorchTPU's `tpu_dist`)."
+    def __init__(self, settings:Settings, process_group:str='gloo'): self.settings, self.name = settings, process_group
+    via_host = property(lambda self: self.name == 'gloo')
     def _dist(self):
         import torch.distributed as dist
         if not dist.is_initialized():
             # our own variable names: `RANK`/`WORLD_SIZE` would switch on fastai's distributed helpers (barriers in
             # `load`, rank checks in `save`), which are off under xmp.spawn; the replicas must behave as they do there
             s = self.settings
-            dist.init_process_group('gloo', init_method=f"tcp://{s.master_addr}:{s.master_port}", rank=s.rank,
+            dist.init_process_group(self.name, init_method=f"tcp://{s.master_addr}:{s.master_port}", rank=s.rank,
                                     world_size=s.world_size, timeout=datetime.timedelta(seconds=s.timeout))
         return dist
     def ordinal(self): return self._dist().get_rank()
     def local_ordinal(self): return self.settings.local_rank if self.settings.local_rank is not None else self.ordinal()
     def count(self): return self._dist().get_world_size()
     def local_count(self): return self.settings.local_world_size or self.count()
+    def _flat(self, group): return _flat(to_host(list(group)) if self.via_host else group)
     def all_reduce_sum(self, tensors, scale=1.0):
         for group in _wire_groups(tensors):
-            flat = _host_flat(group)
+            flat = self._flat(group)
             self._dist().all_reduce(flat)
             _copy_parts_(group, flat * scale if scale != 1 else flat)
     def all_gather(self, t):
-        host = to_host(t.detach()).contiguous()
-        parts = [torch.empty_like(host) for _ in range(self.count())]
-        self._dist().all_gather(parts, host)
+        mine = (to_host(t.detach()) if self.via_host else t.detach()).contiguous()
+        parts = [torch.empty_like(mine) for _ in range(self.count())]
+        self._dist().all_gather(parts, mine)
         res = torch.stack(parts)
-        return to_xla(res, t.device) if is_xla(t) else res
+        return res.to(t.device) if res.device != t.device else res
     def broadcast_(self, tensors, src=0):
         for group in _wire_groups(tensors):
-            flat = _host_flat(group)
+            flat = self._flat(group)
             self._dist().broadcast(flat, src)
             _copy_parts_(group, flat)
     def broadcast_object(self, obj, src=0, tag='broadcast'):
         box = [obj]; self._dist().broadcast_object_list(box, src)
         return box[0]
     def barrier(self, tag='barrier'): self._dist().barrier()
+
+class GlooTransport(DistTransport):
+    "`torch.distributed` over gloo between processes, via host memory, whatever the backend (`learn.launch(transport='gloo')`)."
+    def __init__(self, settings:Settings): super().__init__(settings, 'gloo')
 
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
@@ -128,19 +133,24 @@ def _wire_groups(tensors) -> list:
     for t in tensors: groups.setdefault((t.device, _wire_dtype(t)), []).append(t)
     return list(groups.values())
 
-def _host_flat(tensors) -> torch.Tensor:
-    "One host tensor holding every tensor of a group, one after the other (one read of the device)."
-    return torch.cat([t.detach().reshape(-1).to(_wire_dtype(t)) for t in to_host(list(tensors))])
+def _flat(tensors) -> torch.Tensor:
+    "One tensor holding every tensor of a group, one after the other (from the device: one read)."
+    return torch.cat([t.detach().reshape(-1).to(_wire_dtype(t)) for t in tensors])
 
 def _copy_parts_(tensors, flat):
-    "Copy the consecutive parts of the host tensor `flat` into `tensors`: sent to their device at once, split there."
-    if is_xla(tensors[0]): flat = flat.to(tensors[0].device)
+    "Copy the consecutive parts of `flat` into `tensors`: sent to their device at once (if it is not there), split there."
+    if flat.device != tensors[0].device: flat = flat.to(tensors[0].device)
     for t, part in zip(tensors, flat.split([t.numel() for t in tensors])): t.copy_(part.reshape(t.shape).to(t.dtype))
 
 def process_transport(settings:Settings|None=None, backend:Backend|None=None):
-    "The transport this process's replicas use: gloo where the environment says so, else the backend's collectives."
-    settings = settings or process_settings()
-    return GlooTransport(settings) if settings.transport == 'gloo' else (backend or default_backend())
+    "The transport this process's replicas use: gloo where the environment says so, else the backend's collectives (the native backend's: its process group, when the process is one of several)."
+    settings, backend = settings or process_settings(), backend or default_backend()
+    if settings.transport == 'gloo': return GlooTransport(settings)
+    if isinstance(backend, Native):
+        if settings.rank is None: return Alone()
+        settings._check_group(f'The native backend with FASTAI_XLA_RANK={settings.rank}')
+        return DistTransport(settings, backend.process_group)
+    return backend
 
 # %% ../nbs/00b_run.ipynb #75e9b184
 def replica_ordinal() -> int:

@@ -39,6 +39,7 @@ setuptools.setup(
     install_requires = requirements('requirements'),
     # torch_xla's wheels do not name the torch they need: each extra installs a pair that works together
     extras_require = {'cpu': requirements('cpu_requirements'), 'tpu': requirements('tpu_requirements'),
+                      'torchtpu': requirements('torchtpu_requirements'),
                       'dev': requirements('dev_requirements')},
     python_requires = '>=' + cfg['min_python'],
     long_description = (here/'README.md').read_text(encoding='utf-8'),

@@ -331,7 +331,7 @@ def native_device_type() -> str:
                            "or the native backend on the CPU in an environment without torch-tpu.")
     return 'tpu'
 
-# %% ../nbs/00_backend.ipynb #be251b63
+# %% ../nbs/00_backend.ipynb #d5d092ad
 class Native(Backend):
     "PyTorch's own device (TorchTPU's `tpu`, else the CPU), replicas through `torch.distributed` (`tpu_dist`, else gloo)."
     name = 'native'
@@ -344,7 +344,7 @@ class Native(Backend):
         return torch.device('cpu') if self.device_type == 'cpu' else torch.device(self.device_type, 0)   # (a chip per process: always :0)
     def device_kind(self): return self.device_type.upper()
     def is_on(self, t): return self.device_type != 'cpu' and super().is_on(t)   # the CPU is the host: nothing to move
-    def runtime_started(self): return self.started
+    def runtime_started(self): return self.started and self.device_type != 'cpu'   # (the CPU needs no runtime: replicas start any time)
     def sync(self):
         due, self.due, self.queued = self.due, self.queued, []
         for fn, ts in due: fn(*[t.cpu() for t in ts])
@@ -368,11 +368,10 @@ class Native(Backend):
 _NO_SPMD = ("The native backend (TorchTPU) has no SPMD partitioner of one process over every chip (TorchTPU shards "
             "with DTensor): train one process per chip with `to_tpu_distributed()` under `spawn`, or `learn.launch`.")
 
-# %% ../nbs/00_backend.ipynb #820ed316
+# %% ../nbs/00_backend.ipynb #90b2e308
 def replica_env(rank:int, world:int, port:int, backend:str|None=None) -> dict:
     "The environment variables of replica `rank` of `world` replica processes on this host, meeting on `port`."
-    env = dict(FASTAI_XLA_RANK=str(rank), FASTAI_XLA_WORLD_SIZE=str(world), FASTAI_XLA_LOCAL_RANK=str(rank),
-               FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port))
+    env = dict(FASTAI_XLA_RANK=str(rank), FASTAI_XLA_WORLD_SIZE=str(world), FASTAI_XLA_LOCAL_WORLD_SIZE=str(world), FASTAI_XLA_MASTER_ADDR='127.0.0.1', FASTAI_XLA_MASTER_PORT=str(port))
     if backend: env['FASTAI_XLA_BACKEND'] = backend
     return env
 

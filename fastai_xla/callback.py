@@ -152,12 +152,13 @@ class TPUCallback(Callback):
         run = self.learn.xla_run
         if run.count > 1: run.all_reduce_mean_([p.grad for p in self.model.parameters() if p.grad is not None])
 
-# %% ../nbs/03_callback.ipynb #4b324f18
+# %% ../nbs/03_callback.ipynb #d98b67bd
 class RestoreAfterLRFind(Callback):
     "Put every replica's weights and optimizer state back as they were before `lr_find` (several replicas)."
     order = LRFinder.order + 2
     def __init__(self, model, opt):
-        self.state = to_host({'model': model.state_dict(), 'opt': opt.state_dict() if opt is not None else None})
+        state = to_host({'model': model.state_dict(), 'opt': opt.state_dict() if opt is not None else None})
+        self.state = map_tensors(torch.clone, state)   # (on a device that is the host, `to_host` copies nothing)
     def after_fit(self):
         self.learn.model.load_state_dict(self.state['model'])
         if self.state['opt'] is not None and self.learn.opt is not None:

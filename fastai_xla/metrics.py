@@ -127,7 +127,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
-# %% ../nbs/02b_metrics.ipynb #5f98d1ce
+# %% ../nbs/02b_metrics.ipynb #0efe9e07
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -178,6 +178,7 @@ class DeviceMetricsCallback(Callback):
                 m.total.t, m.count = total, int(to_host(count).item())
             elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self.device:
                 run.all_reduce_mean_([m.val])
+                m._value = None                                  # (the value it computed from this replica's alone)
             elif isinstance(m, AccumMetric) and n is not None:
                 m.preds, m.targs = [gather_in_order(m.preds, n, run)], [gather_in_order(m.targs, n, run)]
             elif _lookup(_summed_state, m):

@@ -8,6 +8,7 @@
 #                 0.24.0 and the newest fastai (fastcore 2)
 #   .venv-kaggle  Kaggle's TPU image: Python 3.12 (if there is one), torch 2.8.0, torch_xla 2.8.0, torchvision
 #                 0.23.0, fastcore < 2
+#   .venv-torchtpu TorchTPU's stack: torch 2.13.0, torch-tpu 0.2.0, the newest fastai, no torch_xla
 # Idempotent: a stamp file records what was installed; a changed spec reinstalls. Every pip is the newest.
 # Disk: PyPI's Linux torch wheels bring ~4 GB of CUDA libraries (unused here and on a TPU); .venv takes ~8 GB, each image
 # ~3 GB more (they share .venv's identical CUDA libraries as hard links); pip keeps no cache of these wheels.
@@ -100,7 +101,30 @@ image_env() {   # $1: the environment's name (colab, kaggle), $2: its Python's v
 
 COLAB_IMAGE="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai"         # Colab's TPU image (2026-08), fastai the newest
 KAGGLE_IMAGE="torch==2.8.0 torch_xla==2.8.0 torchvision==0.23.0 fastcore<2"   # Kaggle's TPU image (mid 2026)
+# TorchTPU's stack, the native backend's TPU device: torch 2.13 + torch-tpu 0.2.0 (and its libtpu) + fastai, no torch_xla;
+# fastai_xla installed with the README's command for it. Without a TPU chip only what needs none is tested there
+# (tests/test_torchtpu.py). ~2.5 GB with the CPU build of torch (where pip finds one), ~6 GB with PyPI's CUDA build.
+TORCHTPU_STACK="torch==2.13.0 torch-tpu==0.2.0"
+torchtpu_env() {
+    local venv="$ROOT/.venv-torchtpu" stamp
+    stamp="$("$PY" --version) | $TORCHTPU_STACK | README | pytest"
+    if ! _stamp_ok "$venv" "$stamp"; then
+        _need_disk 4 "creating $venv"
+        echo "fastai_xla: creating $venv ($("$PY" --version), TorchTPU: $TORCHTPU_STACK)..." >&2
+        _new_venv "$PY" "$venv"
+        "$venv/bin/pip" install "${PIP_QUIET[@]}" $TORCHTPU_STACK 2>&1 | _quiet_pip
+        "$venv/bin/pip" install "${PIP_QUIET[@]}" "$ROOT" 2>&1 | _quiet_pip      # the README's `pip install ./fastai_xla`
+        "$venv/bin/pip" install "${PIP_QUIET[@]}" pytest scikit-learn 2>&1 | _quiet_pip
+        if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "2.13.0")'; then
+            echo "fastai_xla: installing fastai_xla changed TorchTPU's torch" >&2; exit 1
+        fi
+        echo "$stamp" > "$venv/.fastai_xla-stamp"
+    fi
+    "$venv/bin/pip" install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$ROOT" 2>&1 | _quiet_pip
+}
+
 if [ "${1:-}" = images ]; then
     image_env colab 3.13 "$COLAB_IMAGE"
     image_env kaggle 3.12 "$KAGGLE_IMAGE"
+    torchtpu_env
 fi

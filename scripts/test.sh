@@ -10,6 +10,8 @@
 #      training features, a launch from a notebook's kernel); tests/conftest.py lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
+#   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
+# Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native, on the CPU with gloo).
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # Extra arguments go to every pytest run.
 set -euo pipefail
@@ -34,6 +36,10 @@ lap "stack 1 notebooks"
 echo "== 1. $(stack .venv): pytest"
 .venv/bin/python -m pytest -m "not notebooks" "$@" tests
 lap "stack 1 pytest"
+echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
+FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -m "not notebooks" "$@" tests/test_single_device.py tests/test_replicas.py \
+    tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py tests/test_readme.py
+lap "stack 1 native backend"
 echo "== 1. $(stack .venv): the docs site"
 PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
 lap "stack 1 docs"
@@ -49,5 +55,9 @@ echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 lap "stack 3 (Kaggle)"
+
+echo "== 4. $(.venv-torchtpu/bin/python -c 'import sys, torch, importlib.metadata as m, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch-tpu {m.version(\"torch_tpu\")}, fastai {fastai.__version__}")' 2>/dev/null): TorchTPU without a chip"
+PYTHONWARNINGS=ignore .venv-torchtpu/bin/python -m pytest "$@" tests/test_torchtpu.py
+lap "stack 4 (TorchTPU)"
 printf '%s\n' "${times[@]}"
 echo "== all stacks passed in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s, set-up included"

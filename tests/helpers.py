@@ -46,3 +46,11 @@ def segmentation_learner(path, classes='digit', metrics=(), bs=32, seed=0, batch
     set_seed(seed)
     model = nn.Sequential(ConvLayer(3, 16), ConvLayer(16, 16), nn.Conv2d(16, len(codes), 1))
     return Learner(dls, model, metrics=list(metrics))
+
+def on_train_device(t) -> bool:
+    "Is `t` on the device this process trains on? (The XLA device; on the native backend's CPU, the CPU.)"
+    return t.device == default_backend().device()
+
+def device_is_host() -> bool:
+    "Is the training device the host itself (the native backend on the CPU: nothing moves, `to_host` copies nothing)?"
+    return default_backend().device().type == 'cpu'

@@ -97,7 +97,7 @@ print('REPLICA', replica_ordinal(), 'OF', ours, 'SAW', seen, 'ACC', learn.record
 """
 
 def test_fastai_gpu_script_calls_on_two_replicas(tmp_path):
-    from fastai_xla.launch import _gloo_env, _free_port
+    from fastai_xla.launch import _gloo_env, free_port as _free_port
     (tmp_path/'train.py').write_text(FASTAI_GPU_SCRIPT.format(tests=str(Path(__file__).parent)))
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -113,8 +113,8 @@ def test_ranger_through_launch_and_save_holds_cpu_tensors(tmp_path):
     valid = learn.launch(ranger_then_save, nprocs=2, transport='gloo')
     state = torch.load(tmp_path/'models'/'ranger.pth', weights_only=False)      # no map_location: as saved
     assert state['opt']['slow_weights'] is not None and len(tensors_in(state['opt']['slow_weights'])) == 4
-    assert not any(is_xla(t) for t in tensors_in(state)), 'an XLA tensor in the checkpoint'
-    assert not any(is_xla(t) for t in tensors_in(learn.opt.state_dict()))      # the optimizer state that came back
+    assert not any(off_host(t) for t in tensors_in(state)), 'an XLA tensor in the checkpoint'
+    assert not any(off_host(t) for t in tensors_in(learn.opt.state_dict()))      # the optimizer state that came back
     test_close(learn.validate(), valid, eps=1e-4)                                   # the weights that came back
 
 def test_every_stateful_fastai_optimizer_saves_cpu_tensors(tmp_path):
@@ -123,7 +123,7 @@ def test_every_stateful_fastai_optimizer_saves_cpu_tensors(tmp_path):
         with learn.no_bar(): learn.fit(1, 1e-3)
         learn.save('opt')
         state = torch.load(tmp_path/'models'/'opt.pth', weights_only=False)
-        assert len(tensors_in(state['opt'])) > 0 and not any(is_xla(t) for t in tensors_in(state)), opt_func
+        assert len(tensors_in(state['opt'])) > 0 and not any(off_host(t) for t in tensors_in(state)), opt_func
 
 def find_tune_and_look(learn):
     return dict(lr=learn.lr_find(show_plot=False), tuned=learn.fine_tune(1, 1e-2), valid=learn.validate(), preds=learn.get_preds())
@@ -141,7 +141,7 @@ def test_what_a_launched_function_returns_comes_back(tmp_path):
     assert type(res['lr']).__name__ == 'SuggestedLRs' and 1e-7 <= res['lr'].valley <= 10, res['lr']
     assert res['tuned'] is None and len(res['valid']) == 2
     preds, targs = res['preds']
-    assert not is_xla(preds) and len(preds) == len(learn.dls.valid_ds)
+    assert not off_host(preds) and len(preds) == len(learn.dls.valid_ds)
     test_close(accuracy(preds, targs).item(), res['valid'][1])
     learn = indexed_learner(bs=32, metrics=accuracy)
     before = [p.detach().clone() for p in learn.model.parameters()]

@@ -9,6 +9,7 @@ from .callback import *
 from .distributed import *
 from .launch import *
 from .checkpoint import *
+from .resume import *
 from .precision import *
 from .diagnostics import *
 from .spmd import *

@@ -302,7 +302,8 @@ class XLALearner(XLAVersion):
         try: return super().fit(*args, **kwargs)
         except BaseException as e:
             run = self.xla_run
-            if run.store is None or isinstance(e, ReplicasDiverged): raise
+            # (an exception every replica raises after the same step, as `Preempted`, is no failure to tell)
+            if run.store is None or isinstance(e, ReplicasDiverged) or getattr(e, 'every_replica_raises', False): raise
             failure = run.failure()
             if failure is not None and failure[0] != run.ordinal:   # another replica failed first: this is the echo
                 raise ReplicasDiverged(f"replica {run.ordinal} stops, because {failure[1]}") from e

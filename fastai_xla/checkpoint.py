@@ -18,7 +18,7 @@ from .metrics import *
 
 # %% auto #0
 __all__ = ['host_state', 'write_atomically', 'save_atomically', 'save_on_xla', 'load_on_xla', 'XLACheckpoints', 'cpu_copy',
-           'fastai_classes', 'ResumeCallback']
+           'fastai_classes']
 
 # %% ../nbs/05_checkpoint.ipynb #9f174bd9
 def host_state(model, opt=None, with_opt:bool=True):
@@ -178,58 +178,3 @@ def export(self:XLACheckpoints, fname='export.pkl', pickle_module=cloudpickle, p
         if self.opt is not None: rebind_optimizer(self.opt, self.model, {}, self.splitter)
 
 on_xla_learner(mixin=XLACheckpoints)
-
-# %% ../nbs/05_checkpoint.ipynb #63ddb5ca
-def _rng_states(backend=None):
-    import random, numpy as np
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                device=backend.rng_state() if backend is not None else None)
-
-def _set_rng_states(s, backend=None):
-    import random, numpy as np
-    random.setstate(s['python']); np.random.set_state(s['numpy']); torch.set_rng_state(s['torch'])
-    device_state = s.get('device', s.get('xla'))          # ('xla' in checkpoints written before the backend module)
-    if backend is not None and device_state is not None: backend.set_rng_state(device_state)
-
-@patch
-def save_resume(self:Learner, file, next_epoch:int):
-    "Write a resume checkpoint: state, optimizer, `next_epoch`, random generators and data loader positions."
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    run = getattr(self, 'xla_run', None)            # (a learner off XLA writes it too, alone)
-    if run is not None:
-        step_boundary()
-        count = _count_save(self, file)
-    if run is None or run.is_local_master:
-        state = dict(fastai_xla_resume=1, next_epoch=next_epoch, rng=_rng_states(run.backend if run is not None else None),
-                     dl_epochs=[getattr(dl, 'epoch', None) for dl in self.dls.loaders],
-                     **host_state(self.model, self.opt, with_opt=True))
-        _write_checkpoint(state, file)
-        if run is not None: _write_saves(self, file, count)
-    return file
-
-@patch
-def load_resume(self:Learner, file) -> int:
-    "Restore what `save_resume` wrote; return the epoch to pass as `start_epoch`."
-    path = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    run = getattr(self, 'xla_run', None)
-    if run is not None and not run.is_local_master: _wait_for_master(self, path)
-    try: state = torch.load(path, map_location='cpu', weights_only=False)
-    except Exception as e: raise _read_checkpoint_error(path, e) from e
-    if not isinstance(state, dict) or 'fastai_xla_resume' not in state:
-        raise ValueError(f"{path} is not a resume checkpoint (it was not written by `ResumeCallback`/`save_resume`); "
-                         f"use `learn.load` for model checkpoints.")
-    try: self.model.load_state_dict(state['model'])
-    except RuntimeError as e: raise _read_checkpoint_error(path, e) from e
-    if self.opt is None: self.create_opt()
-    self.opt.load_state_dict(state['opt'])
-    if is_xla_learner(self): rebind_optimizer(self.opt, self.model, {}, self.splitter)
-    for dl, epoch in zip(self.dls.loaders, state['dl_epochs']):
-        if epoch is not None and hasattr(dl, 'epoch'): dl.epoch = epoch
-    _set_rng_states(state['rng'], run.backend if run is not None else None)
-    return state['next_epoch']
-
-class ResumeCallback(Callback):
-    "Write a resume checkpoint after every epoch (see `Learner.load_resume`)."
-    order = 65   # after the Recorder and SaveModelCallback have seen the epoch
-    def __init__(self, fname='resume'): self.fname = fname
-    def after_epoch(self): self.learn.save_resume(self.fname, self.epoch + 1)

@@ -237,7 +237,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #fe739310
+# %% ../nbs/02_data.ipynb #15b4937c
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -267,6 +267,7 @@ class XLADataLoader(GetAttr):
         self.device = device or xla_device()
         if prefetch is None: self.prefetch = 0 if device_kind() == 'CPU' else 2   # see "The background copy"
         self.epoch, self.pad = 0, not dl.drop_last
+        self.skip = self.skipped = self.position = 0   # see "A resumed epoch"
         cpu_fs, dev_fs = split_batch_tfms(getattr(dl, 'after_batch', None), batch_tfms_on)
         self.cpu_tfms = Pipeline(cpu_fs) if dev_fs else None   # None: keep the loader's own after_batch
         self.device_tfms = None
@@ -319,9 +320,12 @@ class XLADataLoader(GetAttr):
     def __iter__(self):
         order = self.epoch_order()
         idxs, _ = shard_idxs(order, self.bs, self.rank, self.world_size, self.pad)
-        batches = self._cpu_batches(idxs)
+        self.skipped, self.skip = self.skip, 0     # a resumed epoch: its first `skip` batches were trained before
+        batches = self._cpu_batches(idxs[self.skipped*self.bs:])
         for shape in batch_shapers: batches = shape(self, order, batches)
+        self.position = self.skipped
         for b in background(batches, self._to_device, self.prefetch):
+            self.position += 1                     # (batches of this epoch handed out, the skipped ones counted)
             yield self._apply_device_tfms(b) if self.device_tfms is not None else b
         self.epoch += 1     # only a whole pass: one cut short (`one_batch`) on one replica changes nothing
 

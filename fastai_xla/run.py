@@ -320,6 +320,27 @@ def _meet(self:Run, n:int, what:str):
         self._diverged(f"Replicas are in different collectives at #{n}: "
                        + ', '.join(f'replica {r} in {w}' for r, w in enumerate(whats)) + f'. {_advice}')
 
+# %% ../nbs/00b_run.ipynb #bae4ff3a
+@patch
+def vote(self:Run, yes:bool, what:str='a vote') -> bool:
+    "Whether any replica says `yes`: every replica calls it at the same point; each gets the same answer."
+    if self.count == 1 or self.store is None: return bool(yes)
+    store, n = self.store, self.__dict__.setdefault('votes', 0) + 1
+    self.votes = n
+    store.add(f'vote/{n}/yes', int(bool(yes)))
+    store.add(f'vote/{n}/came', 1)                       # (after the yes: when all came, all answers are in)
+    deadline = time.monotonic() + self.timeout
+    while store.add(f'vote/{n}/came', 0) < self.count:
+        failure = self.failure()
+        if failure: raise ReplicasDiverged(f'While replica {self.ordinal} waited in vote #{n} ({what}): {failure[1]}')
+        if time.monotonic() > deadline:
+            self._diverged(f"Replica {self.ordinal} waited {self.timeout:.0f} s (FASTAI_XLA_TIMEOUT) for the other replicas "
+                           f"to vote in vote #{n} ({what}). {_advice}")
+        time.sleep(0.001)
+    if self.is_master and n > 2:                          # every replica is past vote n-1: n-2's keys are read
+        for k in ('yes', 'came'): store.delete_key(f'vote/{n-2}/{k}')
+    return store.add(f'vote/{n}/yes', 0) > 0
+
 # %% ../nbs/00b_run.ipynb #6aaad612
 _watched = {}   # process id -> its watchdog thread (one per process: it ends the whole process)
 

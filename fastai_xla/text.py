@@ -238,6 +238,7 @@ def pad_texts_to_buckets(xla_dl, order:list, batches):
     if pad is None: return batches
     if getattr(xla_dl, '_lengths', None) is None: xla_dl._lengths = item_lengths(xla_dl.dl)
     steps = step_lengths(order, xla_dl._lengths, xla_dl.bs, xla_dl.world_size, xla_dl.pad, pad.seq_len, xla_dl.seq_buckets)
+    steps = steps[getattr(xla_dl, 'skipped', 0):]          # (a resumed epoch: its first batches are not made)
     return (repad(b, n, pad) for b, n in zip(batches, steps))
 
 # %% ../nbs/11_text.ipynb #a726d65a

@@ -38,7 +38,7 @@ echo "== 1. $(stack .venv): pytest"
 lap "stack 1 pytest"
 echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
 FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -m "not notebooks" "$@" tests/test_single_device.py tests/test_replicas.py \
-    tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py tests/test_readme.py
+    tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py tests/test_readme.py tests/test_preemption.py
 lap "stack 1 native backend"
 echo "== 1. $(stack .venv): the docs site"
 PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py

@@ -50,7 +50,7 @@ ON_NEWEST_FASTAI = {  # and what fastai's version decides (its private API, data
 # device reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
 # whatever the code does.
 NATIVE_FILES = ['test_single_device.py', 'test_replicas.py', 'test_checkpoint.py', 'test_launch.py', 'test_applications.py',
-                'test_readme.py']
+                'test_readme.py', 'test_preemption.py']
 TORCH_XLA_ONLY = {
     'test_single_device.py': ['test_fastai_schedules_compile_in_the_first_epoch_only', 'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1',
         'test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches', 'test_no_hyper_parameter_value_compiles_late',

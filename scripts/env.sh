@@ -63,7 +63,7 @@ fi
 
 # the README's install command for the TPU images (they bring torch_xla), with this checkout as the source
 image_install() {   # $1: the environment, $2: what to install
-    "$1/bin/pip" list --format=freeze | grep -iE '^(torch|torchvision|torch[-_]xla|libtpu|fastcore)==' > "$1/keep.txt"
+    "$1/bin/pip" list --format=freeze | grep -iE '^(torch|torchvision|torch[-_]xla|torch[-_]tpu|libtpu|fastcore)==' > "$1/keep.txt"
     "$1/bin/pip" install "${PIP_QUIET[@]}" -c "$1/keep.txt" "$2"
 }
 _python() {   # $1: a version (3.13): that Python if there is one (on PATH, or one of pyenv's), else the default one
@@ -107,13 +107,13 @@ KAGGLE_IMAGE="torch==2.8.0 torch_xla==2.8.0 torchvision==0.23.0 fastcore<2"   # 
 TORCHTPU_STACK="torch==2.13.0 torch-tpu==0.2.0"
 torchtpu_env() {
     local venv="$ROOT/.venv-torchtpu" stamp
-    stamp="$("$PY" --version) | $TORCHTPU_STACK | README | pytest"
+    stamp="$("$PY" --version) | $TORCHTPU_STACK | README, torch kept | pytest"
     if ! _stamp_ok "$venv" "$stamp"; then
         _need_disk 4 "creating $venv"
         echo "fastai_xla: creating $venv ($("$PY" --version), TorchTPU: $TORCHTPU_STACK)..." >&2
         _new_venv "$PY" "$venv"
         "$venv/bin/pip" install "${PIP_QUIET[@]}" $TORCHTPU_STACK 2>&1 | _quiet_pip
-        "$venv/bin/pip" install "${PIP_QUIET[@]}" "$ROOT" 2>&1 | _quiet_pip      # the README's `pip install ./fastai_xla`
+        image_install "$venv" "$ROOT" 2>&1 | _quiet_pip      # the README's two lines: the image's torch and torch-tpu kept
         "$venv/bin/pip" install "${PIP_QUIET[@]}" pytest scikit-learn 2>&1 | _quiet_pip
         if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "2.13.0")'; then
             echo "fastai_xla: installing fastai_xla changed TorchTPU's torch" >&2; exit 1

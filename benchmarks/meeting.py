@@ -1,4 +1,5 @@
-"""What a replica meeting (`Run.meet`, before each collective outside a training step) costs.
+"""What a replica meeting (`Run.meet`, before each collective outside a training step) costs, and a preemption vote
+(`Run.vote`, which `ResumeCallback` holds every `check_every` training steps when there are several replicas).
 
 A TCPStore in this process, a run whose transport says there are 2 replicas, and replica 1's entries written in advance, so
 each `meet` does what it does in a real run once the other replica has arrived: two writes, one check, two reads.
@@ -27,5 +28,13 @@ def main():
     print('| meetings | ms per meeting | ms per epoch (3 meetings) |')
     print('|---|---|---|')
     print(f'| {n} | {per * 1e3:.3f} | {3 * per * 1e3:.3f} |')
+    for i in range(1, n + 1): store.add(f'vote/{i}/came', 1)       # replica 1 voted (no) in each, in advance
+    t = time.perf_counter()
+    for _ in range(n): run.vote(False, 'preemption check')
+    per = (time.perf_counter() - t) / n
+    print()
+    print('| votes | ms per vote | ms per training step (check_every=10) |')
+    print('|---|---|---|')
+    print(f'| {n} | {per * 1e3:.3f} | {per * 1e3 / 10:.4f} |')
 
 if __name__ == '__main__': main()

@@ -73,7 +73,8 @@ def to_tpu_distributed(self:Learner, seed:int|None=None, num_workers:int|None=No
 # %% ../nbs/04_distributed.ipynb #0ff8a66e
 def spawn(fn, args:tuple=(), nprocs:int|None=None, backend:str|None=None, start_method:str='spawn'):
     "Run `fn(index, *args)` in every replica process of this host: `xmp.spawn` on torch_xla; on the native backend one process per TPU chip, `nprocs` (default 1) on the CPU."
-    use_backend(backend).spawn(fn, args=tuple(args), nprocs=nprocs, start_method=start_method)
+    # (a replica that fails tells the others at once, wherever in `fn`; one that ends says so: see `TellingFailures`)
+    use_backend(backend).spawn(TellingFailures(fn), args=tuple(args), nprocs=nprocs, start_method=start_method)
 
 # %% ../nbs/04_distributed.ipynb #f8fcf117
 def rank0_first(func, *args, **kwargs):

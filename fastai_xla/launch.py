@@ -104,6 +104,7 @@ def _run_replica(job_dir):
             sys.stdout = _RelayStream(log)
         out = fn(learn, *args, **kwargs)
         learn.xla_run.barrier('the end of the function learn.launch runs')
+        finish_replica()                    # (its silence from now on is no failure: see `watch_replicas`)
         if learn.xla_run.is_master:
             result = dict(state=host_state(learn.model, getattr(learn, 'opt', None)), recorder=recorder_history(learn),
                           **_returned(out))
@@ -112,6 +113,7 @@ def _run_replica(job_dir):
         (job_dir/f'preempted-{_safe_ordinal()}.txt').write_text(str(e))
         raise
     except BaseException as e:
+        tell_failure(e)                     # the others stop at once, wherever this failed (not only in `fit`)
         ordinal = _safe_ordinal()
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e

@@ -54,3 +54,10 @@ def on_train_device(t) -> bool:
 def device_is_host() -> bool:
     "Is the training device the host itself (the native backend on the CPU: nothing moves, `to_host` copies nothing)?"
     return default_backend().device().type == 'cpu'
+
+def fault_row(fault:str, sees:str, seconds:float|None, lost:str):
+    "Record one row of the README's fault table in `$FASTAI_XLA_FAULT_TABLE`, when set (`benchmarks/faults.py` sets it)."
+    import json, os
+    out = os.environ.get('FASTAI_XLA_FAULT_TABLE')
+    if out:
+        with open(out, 'a') as f: f.write(json.dumps(dict(fault=fault, sees=sees, seconds=None if seconds is None else round(seconds, 1), lost=lost)) + '\n')

@@ -125,6 +125,8 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_disk):
     with pytest.raises(OSError, match=r'Could not write the checkpoint .*ckpt.pth.*untouched'): big.save('ckpt')
     assert f.read_bytes() == good                           # the previous checkpoint is intact
     assert not list((tiny_disk/'models').glob('.*.tmp'))    # and no half-written file is left
+    fault_row('disk full while saving', '`OSError: Could not write the checkpoint ...ckpt.pth (No space left on device); any previous checkpoint there is untouched.`',
+              None, 'nothing: the previous checkpoint is intact, no half file is left')
 
 def train_save_load(learn, out_dir, lr, master_late):
     "Train, save and load (as SaveModelCallback does), the master `master_late` seconds late to its save; write each replica's weights."

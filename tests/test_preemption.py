@@ -58,6 +58,8 @@ def test_a_preempted_script_run_again_ends_as_if_never_stopped(tmp_path):
     signalled = float((tmp_path/'cut'/'signalled').read_text())
     assert ended - signalled < 30, ended - signalled                # a preempted VM's notice; seen ~1 s with the exit
     assert not (tmp_path/'cut'/'final.pth').exists()
+    fault_row('SIGTERM mid-epoch (a preemption; one replica)', '`fastai_xla: preempted (SIGTERM): stopped after N training batches of epoch E ... Run the same script again ...`, exit status 75',
+              ended - signalled, 'nothing: the step in progress finishes, the rerun ends with the never-stopped weights (1e-5)')
 
     again, _ = run_script('preemptible', tmp_path/'cut')            # the same command, as a job scheduler reruns it
     assert again.returncode == 0, again.stderr[-3000:]
@@ -72,7 +74,7 @@ def train_preemptible(learn, signal_replica, out_dir):
         def before_batch(self):
             if (self.training and (self.epoch, self.iter) == (1, 3) and replica_ordinal() == signal_replica
                     and not Path(out_dir, 'signalled').exists()):
-                Path(out_dir, 'signalled').write_text('1')
+                Path(out_dir, 'signalled').write_text(repr(time.time()))
                 threading.Timer(0.02, os.kill, (os.getpid(), signal.SIGTERM)).start()
     cbs = [ResumeCallback('run', check_every=4)] + ([PreemptOnce()] if signal_replica is not None else [])
     learn.fit_one_cycle(3, 1e-2, start_epoch=learn.load_resume('run', missing_ok=True), cbs=cbs)
@@ -87,12 +89,15 @@ def test_two_replicas_stop_after_the_same_step_and_resume(tmp_path):
     (tmp_path/'whole').mkdir(); (tmp_path/'cut').mkdir()
     whole = launch_on_2(tmp_path/'whole', None)
     with pytest.raises(Preempted) as e: launch_on_2(tmp_path/'cut', 1)
+    took = time.time() - float((tmp_path/'cut'/'signalled').read_text())
     assert e.value.code == 75
     # the master (which says it) got no signal: it stopped on the vote, after the same step as replica 1
     said = re.search(r'preempted \(a signal to another replica\): stopped after (\d+) training batches of epoch 1', str(e.value))
     assert said and int(said.group(1)) > 3, str(e.value)
     state = torch.load(tmp_path/'cut'/'models'/'run.pth', weights_only=False)
     assert (state['next_epoch'], state['batch']) == (1, int(said.group(1))) and sorted(state['every_replica']) == [0, 1]
+    fault_row('SIGTERM to one of 2 replicas mid-epoch', 'every replica stops after the same step (their vote); `learn.launch` raises `Preempted`',
+              took, 'nothing: resumed, the weights equal the never-stopped run\'s (1e-5)')
     resumed = launch_on_2(tmp_path/'cut', None)
     for a, b in zip(whole.model.parameters(), resumed.model.parameters()):
         assert torch.allclose(a.detach(), b.detach(), atol=1e-5, rtol=0), (a - b).abs().max()
@@ -125,3 +130,5 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
     assert killed is not None, p.stderr.read().decode()[-3000:]
     state = torch.load(models/'run.pth', weights_only=False)         # whole and readable: the first epoch's
     assert state['next_epoch'] == 1 and state['batch'] == 0
+    fault_row('SIGKILL while the checkpoint is written', 'the previous checkpoint, whole (a temporary file beside it is left)', None,
+              'the epoch since that checkpoint')

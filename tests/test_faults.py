@@ -1,0 +1,170 @@
+"""Faults, each one for real, and what the other replicas see. Replicas here are separate Python processes started one
+by one with their own environment (`FASTAI_XLA_RANK`, ..., gloo), as a pod's hosts start theirs: no launcher watches
+them, so what stops the others is fastai_xla's own telling (the meeting store) and heartbeats. Each test writes its row
+of the README's fault table (what the user sees, how long it took, what was lost) to `$FASTAI_XLA_FAULT_TABLE` when
+that is set (`benchmarks/faults.py` collects them).
+
+Not covered: torch_xla's in-graph collectives (a replica stuck there only ends through the watchdog: the same code,
+but on a TPU), separate machines (a real network, a host's disk lost), a real preemption."""
+import json, os, re, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+from helpers import *
+
+TESTS = Path(__file__).parent
+
+def start_replicas(script:str, tmp_path, n=2, **env):
+    "Start `n` replica processes of `script` by hand, each its own host (local rank 0), gloo; return them."
+    (tmp_path/'train.py').write_text(f'import sys; sys.path.insert(0, {str(TESTS)!r})\n' + script)
+    port = free_port()
+    procs = []
+    for r in range(n):
+        e = {**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_TRANSPORT': 'gloo', **replica_env(r, n, port),
+             'FASTAI_XLA_LOCAL_RANK': '0', 'FASTAI_XLA_LOCAL_WORLD_SIZE': '1', **env}
+        procs.append(subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, env=e, text=True,
+                                      stdout=open(tmp_path/f'out-{r}.txt', 'w'), stderr=open(tmp_path/f'err-{r}.txt', 'w')))
+    return procs
+
+def wait_all(procs, timeout=300):
+    deadline = time.time() + timeout
+    try:
+        for p in procs: p.wait(max(1, deadline - time.time()))
+    finally:
+        for p in procs:
+            if p.poll() is None: p.kill(); p.wait()
+    return [p.returncode for p in procs], time.time()
+
+OUTSIDE_FIT = """
+from helpers import *
+learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn.fit(1, 1e-2)
+if replica_ordinal() == 1:
+    Path('raised').write_text(repr(time.time()))
+    raise ValueError('boom, in the script, outside fit')
+learn.validate()                       # replica 0: a collective replica 1 never reaches
+"""
+
+def test_a_failure_outside_fit_stops_the_others_at_once(tmp_path):
+    "Replica 1 raises in the script after `fit`; replica 0, in `validate`, stops with its traceback, not after the timeout."
+    procs = start_replicas(OUTSIDE_FIT, tmp_path, FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='2')
+    codes, ended = wait_all(procs)
+    err0 = (tmp_path/'err-0.txt').read_text()
+    assert codes[0] != 0 and codes[1] != 0, (codes, err0[-3000:])
+    assert 'replica 1 failed' in err0 and 'boom, in the script, outside fit' in err0, err0[-3000:]
+    took = ended - float((tmp_path/'raised').read_text())
+    assert took < 30, took                                          # FASTAI_XLA_TIMEOUT is 120: seen ~2 s
+    fault_row('a replica raises in the script, outside `fit`', "every replica stops; the others' error holds its traceback",
+              took, 'nothing saved is lost')
+
+KILLED = """
+import os, signal
+from helpers import *
+def die(): Path('killed').write_text(repr(time.time())); os.kill(os.getpid(), signal.SIGKILL)   # no clean-up: nothing told
+class KillMe(Callback):
+    def before_batch(self):
+        if WHERE == 'mid-epoch' and replica_ordinal() == 1 and self.training and (self.epoch, self.iter) == (1, 3): die()
+learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn.fit(2, 1e-2, cbs=KillMe())
+if WHERE == 'between fit and validate' and replica_ordinal() == 1: die()
+learn.validate()
+"""
+
+@pytest.mark.parametrize('where', ['mid-epoch', 'between fit and validate'])
+def test_a_replica_killed_with_sigkill_is_noticed(tmp_path, where):
+    """Replica 1 is SIGKILLed; replica 0 (no launcher watches it) ends, naming it. Mid-epoch, replica 0 is in gloo's
+    all-reduce, which sees the connection drop; between fit and validate it waits at a meeting in the store, where only
+    the heartbeat tells (as in torch_xla's in-graph collectives on a TPU, which see nothing)."""
+    procs = start_replicas(f'WHERE = {where!r}\n' + KILLED, tmp_path, FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='1',
+                           FASTAI_XLA_HEARTBEAT='3')
+    codes, ended = wait_all(procs)
+    err0 = (tmp_path/'err-0.txt').read_text()
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0, (codes, err0[-3000:])
+    took = ended - float((tmp_path/'killed').read_text())
+    assert took < 30, took                                          # FASTAI_XLA_TIMEOUT is 120
+    expected = r'Connection (closed|reset) by peer|replica 1 stopped answering' if where == 'mid-epoch' else r'replica 1 stopped answering: its heartbeat has not moved for \d+ s'
+    said = re.search(expected, err0)
+    assert said, err0[-3000:]
+    fault_row(f'a replica killed (SIGKILL) {where}', f"the others stop: `{said.group(0)}`", took,
+              'the epoch in progress (resume from the last checkpoint)' if where == 'mid-epoch' else 'nothing saved')
+
+BEFORE_OR_DURING = """
+from helpers import *
+class RaiseMidEpoch(Callback):
+    def before_batch(self):
+        if WHERE == 'during fit' and replica_ordinal() == 1 and self.training and (self.epoch, self.iter) == (0, 3):
+            Path('raised').write_text(repr(time.time())); raise ValueError(f'boom, {WHERE}')
+learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+if WHERE == 'before fit' and replica_ordinal() == 1:
+    Path('raised').write_text(repr(time.time())); raise ValueError(f'boom, {WHERE}')
+learn.fit(2, 1e-2, cbs=RaiseMidEpoch())
+"""
+
+@pytest.mark.parametrize('where', ['before fit', 'during fit'])
+def test_a_failure_before_or_during_fit_stops_the_others_at_once(tmp_path, where):
+    procs = start_replicas(f'WHERE = {where!r}\n' + BEFORE_OR_DURING, tmp_path, FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='2')
+    codes, ended = wait_all(procs)
+    err0 = (tmp_path/'err-0.txt').read_text()
+    assert codes[0] != 0 and codes[1] != 0, (codes, err0[-3000:])
+    assert f'boom, {where}' in err0, err0[-3000:]                 # replica 1's own error, in replica 0's
+    took = ended - float((tmp_path/'raised').read_text())
+    assert took < 30, took
+    fault_row(f'a replica raises {where}', "every replica stops; the others' error holds its traceback", took,
+              'nothing saved' if where == 'before fit' else 'the epoch in progress (resume from the last checkpoint)')
+
+NEVER_MEETS = """
+from helpers import *
+learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+"""
+
+def test_a_replica_that_never_starts(tmp_path):
+    "Replica 1 of 2 is never started: replica 0 stops after FASTAI_XLA_TIMEOUT, saying who did not come and what to check."
+    t = time.time()
+    codes, ended = wait_all(start_replicas(NEVER_MEETS, tmp_path, n=1, FASTAI_XLA_WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5'))
+    err0 = (tmp_path/'err-0.txt').read_text()
+    said = re.search(r'Replica 0 of 2 waited 5 s \(FASTAI_XLA_TIMEOUT\) for the others to meet at .*, and not all came', err0)
+    assert codes[0] != 0 and said, err0[-3000:]
+    fault_row('a replica never starts', f"`{said.group(0)}` ... start every replica", ended - t, 'nothing (nothing ran)')
+
+def test_the_meeting_port_is_taken(tmp_path):
+    "Another process listens on FASTAI_XLA_MASTER_PORT: replica 0 says so at once."
+    import socket
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0)); taken.listen()
+        t = time.time()
+        procs = start_replicas(NEVER_MEETS, tmp_path, n=1, FASTAI_XLA_WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5',
+                               FASTAI_XLA_MASTER_PORT=str(taken.getsockname()[1]))
+        codes, ended = wait_all(procs)
+    err0 = (tmp_path/'err-0.txt').read_text()
+    assert codes[0] != 0 and 'another process holds that port' in err0, err0[-3000:]
+    fault_row('the meeting port is taken', '`Replica 0 cannot serve the replicas\' meeting at ...: another process holds that port`',
+              ended - t, 'nothing (nothing ran)')
+
+def test_a_corrupted_or_truncated_resume_checkpoint(tmp_path):
+    learn = digits_learner(bs=64, path=tmp_path).to_xla(seed=0)
+    learn.fit(1, 1e-2, cbs=ResumeCallback('run'))
+    f = tmp_path/'models'/'run.pth'
+    whole = f.read_bytes()
+    for name, damaged in [('truncated', whole[:len(whole)//2]), ('corrupted', whole[:100] + bytes(len(whole) - 100))]:
+        f.write_bytes(damaged)
+        t = time.time()
+        with pytest.raises(RuntimeError, match=r'run.pth is not a readable checkpoint \(truncated or corrupted\?\)') as e:
+            digits_learner(bs=64, path=tmp_path).to_xla(seed=0).load_resume('run')
+        fault_row(f'a {name} resume checkpoint', f'`{str(e.value)[:80]}...`', time.time() - t, 'that checkpoint (written atomically, it is damaged only from outside)')
+
+BAD_VALUES = [('FASTAI_XLA_TIMEOUT', '-1'), ('FASTAI_XLA_FAULT_GRACE', 'soon'), ('FASTAI_XLA_HEARTBEAT', '0'),
+              ('FASTAI_XLA_TRANSPORT', 'mpi'), ('FASTAI_XLA_RANK', '-1'), ('FASTAI_XLA_WORLD_SIZE', '0'),
+              ('FASTAI_XLA_LOCAL_RANK', 'first'), ('FASTAI_XLA_LOCAL_WORLD_SIZE', '0'), ('FASTAI_XLA_MASTER_PORT', 'port')]
+
+@pytest.mark.parametrize('name,bad', BAD_VALUES)
+def test_a_bad_value_of_every_variable_is_named(name, bad):
+    "Each variable's bad value is refused when the settings are read (`Settings.from_env`, what every replica reads at start)."
+    t = time.time()
+    with pytest.raises(ValueError) as e: Settings.from_env({name: bad})
+    assert f'{name}={bad!r}' in str(e.value) and ('Set it to' in str(e.value) or 'must be' in str(e.value)), str(e.value)
+    fault_row(f'`{name}={bad}`', f'`{str(e.value)[:90]}...`', time.time() - t, 'nothing (nothing ran)')
+
+def test_a_bad_backend_name_is_named(tmp_path):
+    r = subprocess.run([sys.executable, '-c', f'import sys; sys.path.insert(0, {str(TESTS)!r})\nfrom helpers import *\ndigits_learner().to_xla()'],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_BACKEND': 'jax'})
+    assert r.returncode != 0 and "FASTAI_XLA_BACKEND='jax'" in r.stderr, r.stderr[-3000:]
+    fault_row('`FASTAI_XLA_BACKEND=jax`', f"`{r.stderr.strip().splitlines()[-1][:90]}...`", 0, 'nothing (nothing ran)')

@@ -19,9 +19,28 @@ def main():
         rows = [json.loads(l) for l in table.read_text().splitlines()] if table.exists() else []
     print('| fault | what the user sees | seconds | what is lost |')
     print('|---|---|---|---|')
-    for row in rows:
+    for row in condensed(rows):
         secs = '-' if row['seconds'] is None else f"{row['seconds']:.1f}"
         print(f"| {row['fault']} | {row['sees']} | {secs} | {row['lost']} |")
+
+def condensed(rows):
+    "The rows, those of the bad `FASTAI_XLA_*` values made one (each variable is a test of its own; the messages are alike)."
+    bad = [r for r in rows if r['fault'].startswith('`FASTAI_XLA_')]
+    rest = [r for r in rows if r not in bad]
+    if bad:
+        names = ', '.join(r['fault'].strip('`').split('=')[0].replace('FASTAI_XLA_', '') for r in bad)
+        rest.append(dict(fault=f'a bad value of a `FASTAI_XLA_*` variable ({len(bad)} tested: {names})', sees=bad[0]['sees'],
+                         seconds=max(r['seconds'] for r in bad), lost=bad[0]['lost']))
+    raised = [r for r in rest if r['fault'].startswith('a replica raises')]
+    if len(raised) > 1:
+        rest[rest.index(raised[0])] = dict(fault='a replica raises before, during or after `fit` (each tested)', sees=raised[0]['sees'],
+                                           seconds=max(r['seconds'] for r in raised), lost='at most the epoch in progress')
+        for r in raised[1:]: rest.remove(r)
+    damaged = [r for r in rest if r['fault'] in ('a truncated resume checkpoint', 'a corrupted resume checkpoint')]
+    if len(damaged) == 2:
+        rest[rest.index(damaged[0])] = {**damaged[0], 'fault': 'a truncated or corrupted resume checkpoint (each tested)'}
+        rest.remove(damaged[1])
+    return rest
     if r.returncode: sys.exit(f'{r.returncode}: some fault tests failed; their rows are missing above')
 
 if __name__ == '__main__': main()

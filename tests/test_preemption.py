@@ -133,3 +133,35 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint(tmp_path):
     assert state['next_epoch'] == 1 and state['batch'] == 0
     fault_row('SIGKILL while the checkpoint is written', 'the previous checkpoint, whole (a temporary file beside it is left)', None,
               'the epoch since that checkpoint')
+
+LAUNCHER = """
+import os, sys, signal, threading, time
+sys.path.insert(0, {tests!r})
+from helpers import *
+from test_replicas import indexed_learner
+def train(learn):
+    class Started(Callback):
+        def before_train(self):
+            if self.epoch == 1 and replica_ordinal() == 0: Path('epoch1').touch()
+    learn.fit_one_cycle(3, 1e-2, start_epoch=learn.load_resume('run', missing_ok=True), cbs=[ResumeCallback('run', check_every=2), Started()])
+def preempt_me():                      # the machine: SIGTERM to this launching process only, once epoch 1 has started
+    while not Path('epoch1').exists(): time.sleep(0.01)
+    Path('signalled').write_text(repr(time.time())); os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=preempt_me, daemon=True).start()
+learn = indexed_learner(bs=32, path=Path.cwd())
+learn.launch(train, nprocs=2, transport='gloo', dl_kwargs=dict(seed=0))
+"""
+
+def test_sigterm_to_the_launching_process_reaches_the_replicas(tmp_path):
+    "A container's runtime may signal only the process it started: `learn.launch` passes SIGTERM on to its replicas."
+    (tmp_path/'launch.py').write_text(LAUNCHER.format(tests=str(TESTS)))
+    r = subprocess.run([sys.executable, 'launch.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    ended = time.time()
+    assert r.returncode == 75, (r.returncode, r.stderr[-3000:])    # Preempted, out of `learn.launch`
+    assert re.search(r'preempted \(SIGTERM\): stopped after \d+ training batches of epoch 1', r.stderr), r.stderr[-3000:]
+    state = torch.load(tmp_path/'models'/'run.pth', weights_only=False)
+    assert state['next_epoch'] == 1 and state['batch'] > 0
+    fault_row('SIGTERM to the launching process only (`learn.launch`)', 'passed on to every replica: they stop after the same step; '
+              '`Preempted` out of `launch`, exit status 75', ended - float((tmp_path/'signalled').read_text()),
+              'nothing: the step in progress finishes')

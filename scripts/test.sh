@@ -34,10 +34,11 @@ git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nb
 ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
 lap "stack 1 notebooks"
 echo "== 1. $(stack .venv): pytest"
-.venv/bin/python -m pytest -m "not notebooks" "$@" tests
+# two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks" "$@" tests
 lap "stack 1 pytest"
 echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
-FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -m "not notebooks" "$@" tests/test_single_device.py tests/test_replicas.py \
+FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks" "$@" tests/test_single_device.py tests/test_replicas.py \
     tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py tests/test_readme.py tests/test_preemption.py
 lap "stack 1 native backend"
 echo "== 1. $(stack .venv): the docs site"

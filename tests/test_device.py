@@ -43,7 +43,7 @@ def test_missing_torch_xla_gives_the_install_command(site_without_torch_xla):
         except ImportError as e: print('ERROR:', e)
     '''
     r = run_py(code, python_args=('-S',))
-    assert 'ERROR: fastai_xla needs torch_xla, which is not installed' in r.stdout, r.stdout + r.stderr
+    assert "ERROR: fastai_xla's torch_xla backend needs torch_xla, which is not installed" in r.stdout, r.stdout + r.stderr
     import torch
     release = torch.__version__.split('+')[0]      # the hint keeps the installed torch: 2.9.0 here, 2.8.0 on the Kaggle-like stack
     assert f"pip install torch=={release} torchvision==" in r.stdout and f"'torch_xla=={release}'" in r.stdout, r.stdout

@@ -96,7 +96,7 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
 
 def test_launch_refuses_when_the_runtime_is_already_running():
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))
-    with pytest.raises(RuntimeError, match='XLA runtime is already running in this process'):
+    with pytest.raises(RuntimeError, match="torch_xla backend's device is already in use in this process"):
         learn.launch(lambda l: l.fit(1))             # this pytest process started XLA (see conftest.py)
 
 # --- what fastai's own scripts hit (issue 32): ranger's state, and what a launched function returns

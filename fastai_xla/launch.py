@@ -150,7 +150,7 @@ def _spawn_xla(job_dir, nprocs, start_method):
     _refuse_if_runtime_started()
     try: default_backend().spawn(_xla_entry, args=(str(job_dir),), nprocs=nprocs, start_method=start_method)
     except Exception as e:
-        if getattr(e, 'exit_code', None) == Preempted.exit_status and _preempted(job_dir): raise Preempted(_preempted(job_dir)) from None
+        if getattr(e, 'exit_code', None) == Preempted.exit_status and (said := _preempted(job_dir)): raise Preempted(said) from None
         raise
 
 def _preempted(job_dir) -> str|None:
@@ -214,8 +214,8 @@ def _spawn_gloo(job_dir, nprocs, start_method, stop=None):
         _stop(procs)
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if stop is not None and stop.is_set(): raise KeyboardInterrupt('replicas stopped')
-    if failed and all(procs[i].returncode == Preempted.exit_status for i in failed) and _preempted(job_dir):
-        raise Preempted(_preempted(job_dir))
+    if failed and all(procs[i].returncode == Preempted.exit_status for i in failed) and (said := _preempted(job_dir)):
+        raise Preempted(said)
     if failed:
         detail = '\n'.join(_replica_errors(job_dir)) or f'replica processes {failed} died'
         raise RuntimeError(f'{len(failed)} of {nprocs} replicas failed:\n{detail}')

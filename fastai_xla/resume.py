@@ -135,7 +135,7 @@ def load_resume(self:Learner, file, missing_ok:bool=False) -> int:
         there = path.exists()
         if run is not None and run.count > 1: there = run.broadcast_object(there, tag='is there a resume checkpoint')
         if not there: return 0
-    if run is not None and not run.is_local_master and run.saves.get(str(path)): _wait_for_master(self, path)
+    if run is not None and not run.is_local_master: _wait_for_master(self, path)   # (no save of it in this run: no wait)
     try: state = torch.load(path, map_location='cpu', weights_only=False)
     except Exception as e: raise _read_checkpoint_error(path, e) from e
     if not isinstance(state, dict) or 'fastai_xla_resume' not in state:

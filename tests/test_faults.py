@@ -13,14 +13,14 @@ from helpers import *
 
 TESTS = Path(__file__).parent
 
-def start_replicas(script:str, tmp_path, n=2, **env):
-    "Start `n` replica processes of `script` by hand, each its own host (local rank 0), gloo; return them."
+def start_replicas(script:str, tmp_path, n=2, per_host=1, **env):
+    "Start `n` replica processes of `script` by hand, `per_host` on each host (default: each its own host), gloo; return them."
     (tmp_path/'train.py').write_text(f'import sys; sys.path.insert(0, {str(TESTS)!r})\n' + script)
     port = free_port()
     procs = []
     for r in range(n):
         e = {**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_TRANSPORT': 'gloo', **replica_env(r, n, port),
-             'FASTAI_XLA_LOCAL_RANK': '0', 'FASTAI_XLA_LOCAL_WORLD_SIZE': '1', **env}
+             'FASTAI_XLA_LOCAL_RANK': str(r % per_host), 'FASTAI_XLA_LOCAL_WORLD_SIZE': str(per_host), **env}
         procs.append(subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, env=e, text=True,
                                       stdout=open(tmp_path/f'out-{r}.txt', 'w'), stderr=open(tmp_path/f'err-{r}.txt', 'w')))
     return procs

@@ -12,17 +12,16 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from helpers import *
+from test_faults import start_replicas, wait_all
 
-TESTS = Path(__file__).parent
 HOSTS, PER_HOST = 2, 2
 
 SCRIPT = """
-import sys, os, json, time, signal, threading
-sys.path.insert(0, {tests!r})
+import os, json, time, signal, threading
 from helpers import *
 from test_replicas import indexed_learner, RecordItems, _params_digest
-host = int(os.environ['TEST_HOST'])
-learn = indexed_learner(bs=16, path=Path(f'host{{host}}'))          # each host: its own disk
+host = int(os.environ['FASTAI_XLA_RANK']) // int(os.environ['FASTAI_XLA_LOCAL_WORLD_SIZE'])
+learn = indexed_learner(bs=16, path=Path(f'host{host}'))          # each host: its own disk
 learn.to_tpu_distributed(seed=0)
 
 class PreemptOnce(Callback):
@@ -37,30 +36,17 @@ rec = RecordItems()
 start = learn.load_resume('run', missing_ok=True)
 learn.fit_one_cycle(3, 1e-2, start_epoch=start, cbs=[rec, ResumeCallback('run', check_every=2), PreemptOnce()])
 run = learn.xla_run
-Path(f'report-{{run.ordinal}}.json').write_text(json.dumps(dict(
+Path(f'report-{run.ordinal}.json').write_text(json.dumps(dict(
     rank=run.ordinal, local_rank=run.local_ordinal, local_master=run.is_local_master, seen=rec.seen,
     values=[[float(x) for x in v[:4]] for v in learn.recorder.values])))
-if run.is_master: torch.save({{k: v.detach().cpu() for k, v in learn.model.state_dict().items()}}, 'final.pth')
+if run.is_master: torch.save({k: v.detach().cpu() for k, v in learn.model.state_dict().items()}, 'final.pth')
 """
 
-def start_pod(cwd, preempt=False, **env):
-    "Start the 4 replica processes, host by host, each with its place in the environment; wait for them."
-    (cwd/'train.py').write_text(SCRIPT.format(tests=str(TESTS)))
-    port, procs = free_port(), []
-    for host in range(HOSTS):
-        for local in range(PER_HOST):
-            rank = host * PER_HOST + local
-            e = {**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_TRANSPORT': 'gloo', **replica_env(rank, HOSTS * PER_HOST, port),
-                 'FASTAI_XLA_LOCAL_RANK': str(local), 'FASTAI_XLA_LOCAL_WORLD_SIZE': str(PER_HOST), 'TEST_HOST': str(host),
-                 'TEST_PREEMPT': '1' if preempt else '', 'FASTAI_XLA_TIMEOUT': '120', **env}
-            procs.append(subprocess.Popen([sys.executable, 'train.py'], cwd=cwd, env=e, text=True,
-                                          stdout=open(cwd/f'out-{rank}.txt', 'w'), stderr=open(cwd/f'err-{rank}.txt', 'w')))
-    try:
-        for p in procs: p.wait(600)
-    finally:
-        for p in procs:
-            if p.poll() is None: p.kill(); p.wait()
-    return [p.returncode for p in procs]
+def start_pod(cwd, preempt=False):
+    "Start the 4 replica processes, host by host, each with its place in the environment; wait for them; their exit codes."
+    procs = start_replicas(SCRIPT, cwd, n=HOSTS * PER_HOST, per_host=PER_HOST, TEST_PREEMPT='1' if preempt else '',
+                           FASTAI_XLA_TIMEOUT='120')
+    return wait_all(procs, timeout=600)[0]
 
 def errors(cwd): return '\n'.join((cwd/f'err-{r}.txt').read_text()[-2000:] for r in range(HOSTS * PER_HOST))
 

@@ -251,7 +251,7 @@ class FlatLossOnXLA(XLAVersion):
         if flat is not None: return self.func(inp, flat, **kwargs)
         return super().__call__(inp, targ, **kwargs)
 
-# %% ../nbs/03_callback.ipynb #5356081e
+# %% ../nbs/03_callback.ipynb #b7b77aac
 xla_learner_checks, xla_learner_setups, xla_learner_detaches, xla_learner_mixins = [], [], [], []   # filled by the features
 
 def on_xla_learner(check=None, setup=None, detach=None, mixin=None, applies=None):
@@ -363,7 +363,7 @@ def to_xla(self:Learner, device=None, seed:int|None=None,
     if getattr(self, 'opt', None) is not None: rebind_optimizer(self.opt, self.model, moved, self.splitter)
     return self
 
-# %% ../nbs/03_callback.ipynb #9d2bc083
+# %% ../nbs/03_callback.ipynb #58f16b30
 @patch
 def detach_xla(self:Learner):
     "Undo `to_xla`: a learner of fastai's class, on the CPU, with fastai's loaders and callbacks."
@@ -374,7 +374,7 @@ def detach_xla(self:Learner):
                                                                 ReplicaPredsCallback, StepBoundaryCallback))])
     for cb in self.cbs.filter(lambda c: type(c) is CastToPlainTensor): self.remove_cb(cb); self.add_cb(CastToTensor())
     rec = getattr(self, 'recorder', None)
-    if rec is not None and isinstance(rec.smooth_loss, DeviceSmoothLoss): rec.smooth_loss = AvgSmoothLoss(beta=rec.smooth_loss.beta)
+    if rec is not None and isinstance(rec.smooth_loss, DeviceSmoothLoss): set_smooth_loss(rec, AvgSmoothLoss(beta=rec.smooth_loss.beta))
     self.dls = getattr(self.dls, 'cpu_dls', self.dls)
     for m in self.model.modules(): fastai_version(m)
     for o in [self.loss_func, *self.metrics, *self.cbs]: fastai_version(o)

@@ -129,7 +129,7 @@ class XLACheckpoints(XLAVersion):
         "Load model and optimizer state from `self.path/self.model_dir/file` through the CPU, on every replica."
         return load_on_xla(self, fastai_class(self).load, file, **kwargs)   # (fastai's `load` of this learner's class)
 
-# %% ../nbs/05_checkpoint.ipynb #4771bdc1
+# %% ../nbs/05_checkpoint.ipynb #9bbc4360
 def cpu_copy(model:nn.Module) -> nn.Module:
     "A copy of `model` on the CPU, with the tensors modules keep as plain attributes (fastai's `AWD_LSTM.hidden`, `WeightDropout`'s dropped weights)."
     on_cpu = {}                                        # deepcopy's memo: these tensors are copied as given here
@@ -165,7 +165,7 @@ def export(self:XLACheckpoints, fname='export.pkl', pickle_module=cloudpickle, p
         self.model = cpu_copy(xla_model)
         for m in self.model.modules(): fastai_version(m)
         self.dls = getattr(xla_dls, 'cpu_dls', xla_dls)
-        if isinstance(smooth, DeviceSmoothLoss): rec.smooth_loss = AvgSmoothLoss(beta=smooth.beta)
+        if isinstance(smooth, DeviceSmoothLoss): set_smooth_loss(rec, AvgSmoothLoss(beta=smooth.beta))
         if hasattr(self.loss_func, 'to'): self.loss_func.to('cpu')
         # fastai writes to `self.path/name`: an absolute temporary path is written as it is
         with fastai_classes([self, self.loss_func, *self.metrics]):
@@ -173,7 +173,7 @@ def export(self:XLACheckpoints, fname='export.pkl', pickle_module=cloudpickle, p
                 self, tmp, pickle_module=pickle_module, pickle_protocol=pickle_protocol))
     finally:
         self.model, self.dls, self.xla_run = xla_model, xla_dls, run
-        if rec is not None: rec.smooth_loss = smooth
+        if rec is not None: set_smooth_loss(rec, smooth)
         self.add_cbs(xla_cbs)
         if self.opt is not None: rebind_optimizer(self.opt, self.model, {}, self.splitter)
 

@@ -17,11 +17,11 @@ from .core import *
 from .data import *
 
 # %% auto #0
-__all__ = ['DeviceSmoothLoss', 'DeviceTotal', 'register_device_metric', 'on_device', 'fetch_to_host', 'gather_in_order',
-           'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'on_run_device', 'add_counts',
-           'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
+__all__ = ['DeviceSmoothLoss', 'set_smooth_loss', 'DeviceTotal', 'register_device_metric', 'on_device', 'fetch_to_host',
+           'gather_in_order', 'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback',
+           'on_run_device', 'add_counts', 'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #fe392b35
+# %% ../nbs/02b_metrics.ipynb #cae79e4f
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     def reset(self):
@@ -47,6 +47,10 @@ class DeviceSmoothLoss(AvgSmoothLoss):
         # the Recorder asks twice per batch: trace the division once
         if getattr(self, '_value', None) is None: self._value = self.val/(1 - self.beta_pow)
         return self._value
+
+def set_smooth_loss(recorder, smooth):
+    "Make `smooth` the `Recorder`'s smoothed loss (without fastai's warning about shadowing the learner's `smooth_loss`: the learner reads this one)."
+    recorder.__dict__['smooth_loss'] = smooth
 
 class DeviceTotal:
     "A running sum on the device that adds out of place, so every batch of a phase is the same graph."
@@ -127,7 +131,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and dl.world_size > 1
 
-# %% ../nbs/02b_metrics.ipynb #0efe9e07
+# %% ../nbs/02b_metrics.ipynb #6265d832
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -138,7 +142,7 @@ class DeviceMetricsCallback(Callback):
         for m in self.learn.metrics: on_device(m)
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
-            rec.smooth_loss = DeviceSmoothLoss(beta=rec.smooth_loss.beta)
+            set_smooth_loss(rec, DeviceSmoothLoss(beta=rec.smooth_loss.beta))
             rec.smooth_loss.reset()
 
     def before_batch(self):

@@ -9,7 +9,8 @@ from .core import *
 from .callback import register_module_version
 
 # %% auto #0
-__all__ = ['ceil_pool_lowers', 'ceil_avg_pool2d', 'CeilPoolOnXLA']
+__all__ = ['ceil_pool_lowers', 'ceil_avg_pool2d', 'CeilPoolOnXLA', 'BatchNormOnXLA', 'LayerNormOnXLA', 'GroupNormOnXLA',
+           'InstanceNormOnXLA']
 
 # %% ../nbs/13_models.ipynb #70b1c258
 def _pair(v): return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
@@ -36,3 +37,64 @@ class CeilPoolOnXLA(XLAVersion):
         return super().forward(x)
 
 register_module_version(nn.AvgPool2d, CeilPoolOnXLA)
+
+# %% ../nbs/13_models.ipynb #36e15a20
+def _stats_dims(x, channel_axis:int=1) -> list:
+    "The dimensions of `x` a batch norm takes its statistics over: all but the channels."
+    return [d for d in range(x.ndim) if d != channel_axis]
+
+def _float(x) -> bool: return x.dtype in (torch.float32, torch.float64)
+
+def _torch_forward(module, base) -> bool:
+    "Does `module`'s own class (before its XLA version) run `base`'s forward, torch's own?"
+    return fastai_class(module).forward is base.forward
+
+class BatchNormOnXLA(XLAVersion):
+    "The XLA version of torch's `BatchNorm1d/2d/3d`: statistics from centered values, the running variance from the unbiased batch variance, as PyTorch's."
+    def forward(self, x):
+        batch_stats = self.training or self.running_mean is None
+        if not (is_xla(x) and _float(x) and batch_stats and _torch_forward(self, nn.modules.batchnorm._BatchNorm)):
+            return super().forward(x)
+        shift = x.detach().mean(_stats_dims(x), keepdim=True)
+        updates = self.training and self.track_running_stats and self.running_mean is not None
+        if not updates: return super().forward(x - shift)
+        before = self.running_var.clone()
+        out = super().forward(x - shift)
+        n = x.numel() // x.shape[1]                  # values per channel
+        with torch.no_grad():
+            f = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
+            # (through `.data`: torch_xla's backward keeps the running statistics, whose version an in-place change would move)
+            self.running_mean.data.add_(f * shift.view(-1))
+            if n > 1:
+                kept = (1 - f) * before
+                self.running_var.data.copy_(kept + (self.running_var - kept) * (n / (n - 1)))
+        return out
+
+class LayerNormOnXLA(XLAVersion):
+    "The XLA version of torch's `LayerNorm`: each row's mean taken out first, so torch_xla's one-pass variance does not cancel."
+    def forward(self, x):
+        if not (is_xla(x) and _float(x) and _torch_forward(self, nn.LayerNorm)): return super().forward(x)
+        dims = list(range(x.ndim - len(self.normalized_shape), x.ndim))
+        return super().forward(x - x.detach().mean(dims, keepdim=True))
+
+class GroupNormOnXLA(XLAVersion):
+    "The XLA version of torch's `GroupNorm`: each group's mean taken out first."
+    def forward(self, x):
+        if not (is_xla(x) and _float(x) and _torch_forward(self, nn.GroupNorm)): return super().forward(x)
+        n, c = x.shape[:2]
+        groups = x.detach().reshape(n, self.num_groups, -1).mean(-1)             # (n, groups)
+        shift = groups.repeat_interleave(c // self.num_groups, dim=1).view(n, c, *[1] * (x.ndim - 2))
+        return super().forward(x - shift)
+
+class InstanceNormOnXLA(XLAVersion):
+    "The XLA version of torch's `InstanceNorm1d/2d/3d` (without running statistics): each map's mean taken out first."
+    def forward(self, x):
+        if not (is_xla(x) and _float(x) and not self.track_running_stats
+                and _torch_forward(self, nn.modules.instancenorm._InstanceNorm)): return super().forward(x)
+        spatial = list(range(x.ndim - self._get_no_batch_dim() + 1, x.ndim))
+        return super().forward(x - x.detach().mean(spatial, keepdim=True))
+
+for _cls, _version in [(nn.BatchNorm1d, BatchNormOnXLA), (nn.BatchNorm2d, BatchNormOnXLA), (nn.BatchNorm3d, BatchNormOnXLA),
+                       (nn.LayerNorm, LayerNormOnXLA), (nn.GroupNorm, GroupNormOnXLA),
+                       (nn.InstanceNorm1d, InstanceNormOnXLA), (nn.InstanceNorm2d, InstanceNormOnXLA), (nn.InstanceNorm3d, InstanceNormOnXLA)]:
+    register_module_version(_cls, _version)

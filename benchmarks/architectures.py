@@ -97,7 +97,7 @@ ARCHITECTURES = {
 def no_dropout(model):
     "`model` with its dropouts at 0 (fastai's `WeightDropout` aside: at 0 it makes a weight a parameter twice; see `step_grads`)."
     for m in model.modules():
-        if isinstance(m, nn.Dropout) or type(m).__name__ in ('RNNDropout', 'EmbeddingDropout', 'DropPath'):
+        if isinstance(m, nn.Dropout) or type(m).__name__ in ('RNNDropout', 'EmbeddingDropout', 'DropPath', 'StochasticDepth'):
             for attr in ('p', 'drop_prob', 'embed_p'):
                 if hasattr(m, attr): setattr(m, attr, 0.)
     return model
@@ -164,7 +164,9 @@ def measure(name, make, out, size, epochs):
     late = sum(r['compiles'] for r in rows[1:])
     warned_late = bool(learn.xla_diagnostics.warned & {'shapes', 'recompile'})   # (not the one fastai_xla expects: below)
     reads = max(r['to_host'] for r in rows)
-    ok = after == 0 and not warned_late and reads <= 4 and loss_err < 1e-4 and grad_err < 1e-2
+    # the step: close to float64's, or no further from it than ten times eager CPU's (where float32 itself is far off)
+    step_ok = (loss_err < 1e-4 or loss_err <= 10 * cpu_loss_err) and (grad_err < 1e-2 or grad_err <= 10 * cpu_grad_err)
+    ok = after == 0 and not warned_late and reads <= 4 and step_ok
     return dict(architecture=name, before=before, after=after,
                 reads=reads, late=late, warned_late=warned_late, loss_err=loss_err, grad_err=grad_err, cpu_loss_err=cpu_loss_err, cpu_grad_err=cpu_grad_err, ok=ok)
 

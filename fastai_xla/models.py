@@ -38,7 +38,7 @@ class CeilPoolOnXLA(XLAVersion):
 
 register_module_version(nn.AvgPool2d, CeilPoolOnXLA)
 
-# %% ../nbs/13_models.ipynb #36e15a20
+# %% ../nbs/13_models.ipynb #065d3254
 def _stats_dims(x, channel_axis:int=1) -> list:
     "The dimensions of `x` a batch norm takes its statistics over: all but the channels."
     return [d for d in range(x.ndim) if d != channel_axis]
@@ -55,7 +55,9 @@ class BatchNormOnXLA(XLAVersion):
         batch_stats = self.training or self.running_mean is None
         if not (is_xla(x) and _float(x) and batch_stats and _torch_forward(self, nn.modules.batchnorm._BatchNorm)):
             return super().forward(x)
-        shift = x.detach().mean(_stats_dims(x), keepdim=True)
+        # the shift: the first item's mean per channel (one item's values: a small reduction; near the batch's mean)
+        first = x.detach()[:1]
+        shift = first.mean(_stats_dims(first), keepdim=True) if x.ndim > 2 else first
         updates = self.training and self.track_running_stats and self.running_mean is not None
         if not updates: return super().forward(x - shift)
         before = self.running_var.clone()
@@ -64,10 +66,9 @@ class BatchNormOnXLA(XLAVersion):
         with torch.no_grad():
             f = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
             # (through `.data`: torch_xla's backward keeps the running statistics, whose version an in-place change would move)
-            self.running_mean.data.add_(f * shift.view(-1))
-            if n > 1:
-                kept = (1 - f) * before
-                self.running_var.data.copy_(kept + (self.running_var - kept) * (n / (n - 1)))
+            self.running_mean.data.add_(shift.view(-1) * f)
+            # torch_xla wrote `(1 - f) * before + f * biased`; `* n / (n - 1)` on the second term alone, rearranged
+            if n > 1: self.running_var.data.copy_(self.running_var * (n / (n - 1)) - before * ((1 - f) / (n - 1)))
         return out
 
 class LayerNormOnXLA(XLAVersion):

@@ -14,7 +14,8 @@ from fastai.optimizer import (Optimizer, OptimWrapper, Lookahead, weight_decay, 
 __all__ = ['grouped_twins', 'grads', 'state_list', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group',
            'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step',
            'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin',
-           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer']
+           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer', 'radam_rectifies',
+           'step_phase']
 
 # %% ../nbs/02a_optimizer.ipynb #6298ba20
 def grads(ps): return [p.grad for p in ps]
@@ -189,3 +190,20 @@ def fastai_optimizer(opt):
     if not isinstance(opt, Optimizer): return
     if type(opt) is GroupedOptimizer: opt.__class__ = Optimizer
     opt.cbs = L(weight_decay if cb is decay_weights else cb for cb in opt.cbs)
+
+# %% ../nbs/02a_optimizer.ipynb #58f67d84
+def radam_rectifies(step:int, sqr_mom:float) -> bool:
+    "Does fastai's RAdam rectify the variance at `step` (1 for the first): its `r > 5`."
+    r_inf = 2/(1-sqr_mom) - 1
+    return r_inf - 2*step*sqr_mom**step/(1-sqr_mom**step) > 5
+
+def step_phase(opt) -> tuple:
+    "What, besides shapes, decides the graph of `opt`'s next step: RAdam's rectification and `Lookahead`'s sync (`()` where nothing does)."
+    look = opt if isinstance(opt, Lookahead) else None
+    inner = look.opt if look is not None else opt
+    phase = () if look is None else (('sync', (look.count + 1) % look.k == 0),)
+    if isinstance(inner, Optimizer) and any(grouped_twin(cb) is not None and grouped_twin(cb)[0] is radam_group for cb in inner.cbs):
+        states = [inner.state[p] for pg in inner.param_lists for p in pg if 'step' in inner.state[p]]
+        step = (max(int(s['step']) for s in states) if states else 0) + 1
+        phase += (('rectified', radam_rectifies(step, inner.hypers[0]['sqr_mom'])),)
+    return phase

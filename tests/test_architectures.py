@@ -1,7 +1,7 @@
 """fastai's own architectures on the XLA device, as benchmarks/architectures.py measures them (the benchmark covers
 every architecture fastai ships and timm's common ones; this test a subset, for the test command's time): no CPU
 fallback per step, no compile after the first epoch, two device reads per epoch, and one training step close to
-the same step in float64 (the loss to 1e-4, every gradient to 1e-2 of the largest; eager CPU's float32 is closer). Real fastai learners on the digits.
+the same step in float64 (the loss to 1e-4, every gradient to 1e-2 of the largest, or as close as ten times eager CPU's float32). Real fastai learners on the digits.
 
 Covered: fastai's `xresnet18` (its `AvgPool2d(ceil_mode=True)` shortcuts, 3 fallbacks per step as fastai builds it)
 and `unet_learner`'s DynamicUnet with `blur` and

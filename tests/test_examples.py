@@ -12,18 +12,6 @@ import os, re, subprocess, sys
 from pathlib import Path
 
 EXAMPLES = Path(__file__).parent.parent/'examples'
-SCRIPT = EXAMPLES/'train_imagenette.py'
-
-def test_fastai_imagenette_script_ported_to_xla(tmp_path):
-    env = {**os.environ, 'PJRT_DEVICE': 'CPU'}
-    r = subprocess.run([sys.executable, str(SCRIPT), '--epochs', '1', '--size', '16', '--arch', 'xresnet18', '--mixup', '0.2',
-                        '--out', str(tmp_path/'digits')], capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
-    out = (r.stdout + r.stderr).replace('\r', '\n')
-    assert r.returncode == 0, out[-4000:]
-    rows = re.findall(r'^0\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+\d\d:\d\d', out, re.M)
-    assert len(rows) == 1 and float(rows[0][2]) > 0.3, out[-3000:]          # it learns (1 epoch; 10 classes)
-    assert 'CPU fallbacks: -' in out and 'XLAPerformanceWarning' not in out, out[-3000:]
-    assert (tmp_path/'digits'/'train').is_dir() and (tmp_path/'digits'/'val').is_dir()
 
 def run_example(script, tmp_path, *args):
     "The output of `python examples/script args` in `tmp_path`, which must end well."
@@ -33,6 +21,14 @@ def run_example(script, tmp_path, *args):
     assert r.returncode == 0, out[-4000:]
     assert 'XLAPerformanceWarning' not in out and 'shadowing an attribute' not in out, out[-3000:]
     return out
+
+def test_fastai_imagenette_script_ported_to_xla(tmp_path):
+    out = run_example('train_imagenette.py', tmp_path, '--epochs', '1', '--size', '16', '--arch', 'xresnet18', '--mixup', '0.2',
+                      '--out', str(tmp_path/'digits'))
+    rows = re.findall(r'^0\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+\d\d:\d\d', out, re.M)
+    assert len(rows) == 1 and float(rows[0][2]) > 0.3, out[-3000:]          # it learns (1 epoch; 10 classes)
+    assert 'CPU fallbacks: -' in out, out[-3000:]
+    assert (tmp_path/'digits'/'train').is_dir() and (tmp_path/'digits'/'val').is_dir()
 
 def accuracies(out):
     "The accuracy column of fastai's epoch tables in `out`."

@@ -34,8 +34,8 @@ from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
 from fastai.text.all import TextDataLoaders, text_classifier_learner, AWD_LSTM
-from fastai_xla.callback import model_on_xla
-from fastai_xla.backend import default_backend
+from fastai_xla.core import model_on_xla
+from fastai_xla.settings import current_backend
 from fastai_xla.demo import (digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes,
                              digits_ratings_frame, digits_frame, docstrings_frame)
 try: import timm
@@ -121,9 +121,9 @@ def step_grads(learn, model, batch):
 
 def fallbacks(fn):
     "`fn()` and the number of operations torch_xla ran on the CPU while it ran (its step cut and run)."
-    f0 = default_backend().fallback_counts()
+    f0 = current_backend().counters.fallback_counts()
     res = fn(); step_boundary()
-    f1 = default_backend().fallback_counts()
+    f1 = current_backend().counters.fallback_counts()
     return res, {k: v - f0.get(k, 0) for k, v in f1.items() if v > f0.get(k, 0)}
 
 def measure(name, make, out, size, epochs):

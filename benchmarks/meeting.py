@@ -9,9 +9,10 @@ A fit meets 3 times per epoch (the start of training, the metric reduction after
 """
 import argparse, time
 import torch.distributed as dist
-from fastai_xla.run import Run, Alone
+from fastai_xla.backend import Collectives
+from fastai_xla.run import Run
 
-class TwoReplicas(Alone):
+class TwoReplicas(Collectives):
     def count(self): return 2
 
 def main():
@@ -19,8 +20,8 @@ def main():
     p.add_argument('--n', type=int, default=2000)
     n = p.parse_args().n
     store = dist.TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)
-    run = Run(device='cpu', transport=TwoReplicas())
-    run.store = store
+    run = Run(device='cpu')
+    run.collectives, run.store = TwoReplicas(), store
     for i in range(1, n + 1): store.set(f'{i}/1', 'the same collective')
     t = time.perf_counter()
     for _ in range(n): run.meet('the same collective')

@@ -1,5 +1,7 @@
 "Everything a user needs: `from fastai_xla.all import *`."
 from .backend import *
+from .settings import *
+from .dist import *
 from .core import *
 from .run import *
 from .pickling import *

@@ -16,33 +16,27 @@ from .compat import *
 from .core import *
 
 # %% auto #0
-__all__ = ['device_friendly_tfms', 'device_runners', 'device_versions', 'batch_shapers', 'replica_sources', 'register_device_tfm',
-           'device_version', 'run_on_device', 'split_batch_tfms', 'n_batches', 'shard_idxs', 'background',
-           'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms', 'check_cacheable',
-           'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors', 'register_batch_shaper',
-           'register_replica_source', 'replica_source', 'replica_local_loaders', 'XLADataLoader', 'trim_batch']
+__all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_version', 'run_on_device', 'split_batch_tfms',
+           'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches',
+           'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over',
+           'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
+           'replica_local_loaders', 'XLADataLoader', 'trim_batch']
 
-# %% ../nbs/02_data.ipynb #adfbd0ce
-device_friendly_tfms = [IntToFloatTensor, Normalize]
-device_runners = {}     # transform class -> how to run one of its kind on a device batch
-device_versions = {}    # transform class -> the mixin of its XLA version
-
+# %% ../nbs/02_data.ipynb #44f17ae2
 def register_device_tfm(cls, run=None, xla_mixin=None):
-    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is), as their `xla_mixin` version if given."
-    if cls not in device_friendly_tfms: device_friendly_tfms.append(cls)
-    if run is not None: device_runners[cls] = run
-    if xla_mixin is not None: device_versions[cls] = xla_mixin
+    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is), as their `xla_mixin` version if given (`transform_versions`, `00_core`)."
+    transform_versions.register(cls, xla_mixin, run=run)
+
+for _cls in (IntToFloatTensor, Normalize): register_device_tfm(_cls)
 
 def device_version(tfm):
     "The transform `tfm` (the loader's own copy) made its XLA version, if its class registered one."
-    mixin = next((m for cls, m in device_versions.items() if isinstance(tfm, cls)), None)
-    return xla_version(tfm, mixin) if mixin is not None else tfm
+    return transform_versions.make(tfm)
 
 def run_on_device(tfm, b, split_idx=None):
     "Apply the batch transform `tfm` to the device batch `b`, through its registered runner if it has one."
-    for cls, run in device_runners.items():
-        if isinstance(tfm, cls): return run(tfm, b, split_idx)
-    return tfm(b, split_idx=split_idx)
+    run = (transform_versions.entry(tfm) or {}).get('run')
+    return run(tfm, b, split_idx) if run is not None else tfm(b, split_idx=split_idx)
 
 def split_batch_tfms(tfms, on='auto'):
     "Split the `after_batch` transforms `tfms` into the ones to run on the CPU and the ones to run on the device."
@@ -52,7 +46,7 @@ def split_batch_tfms(tfms, on='auto'):
     if on != 'auto': raise ValueError(f"batch_tfms_on must be 'auto', 'cpu' or 'device', not {on!r}")
     n_dev = 0
     for f in reversed(fs):
-        if not isinstance(f, tuple(device_friendly_tfms)): break
+        if transform_versions.entry(f) is None: break
         n_dev += 1
     return fs[:len(fs)-n_dev], fs[len(fs)-n_dev:]
 
@@ -237,7 +231,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #15b4937c
+# %% ../nbs/02_data.ipynb #6aeaadd7
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -254,14 +248,16 @@ class XLADataLoader(GetAttr):
                  whole_table:bool=True, # tabular: build each batch from the whole processed table at once
                  cache_items:bool=False, # make every item once and keep it (deterministic item transforms only)
                  seq_buckets:list|None=None, # text: the lengths batches are padded to (default: multiples of seq_len)
+                 replica_local:bool=False, # a loader of this replica alone (`predict`'s), not shared out between the run's replicas
                 ):
+        load_features()            # (the batch transforms every feature runs on the device: whatever was imported)
         if isinstance(dl, XLADataLoader): dl = dl.dl
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
                              f"(got bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}).")
         if seed is None: seed = random.randint(0, 2**31)
         if cache_items: check_cacheable(dl)
-        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items,seq_buckets')
+        store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items,seq_buckets,replica_local')
         self.source = replica_source(dl, world_size)   # the loader whose items are shared out (usually `dl`)
         self._items = None         # with cache_items: every item, one row each (made when first iterated)
         self.device = device or xla_device()
@@ -351,11 +347,13 @@ class XLADataLoader(GetAttr):
         "A new `XLADataLoader` around `self.dl.new(dataset, cls, **kwargs)`, same replica and settings (not sharded inside `replica_local_loaders`)."
         kwargs.pop('device', None)
         if cls is not None: kwargs['cls'] = cls     # (fastai's SortedDL.new takes it only by name)
-        rank, world_size = (0, 1) if getattr(_replica_local, 'on', False) else (self.rank, self.world_size)
+        local = getattr(_replica_local, 'on', False) or self.replica_local
+        rank, world_size = (0, 1) if local else (self.rank, self.world_size)
         return XLADataLoader(self.dl.new(dataset, **kwargs), device=self.device, rank=rank,
                              world_size=world_size, seed=self.seed, batch_tfms_on=self.batch_tfms_on,
                              prefetch=self.prefetch, num_workers=self.num_workers, sharding=self.sharding,
-                             whole_table=self.whole_table, cache_items=self.cache_items, seq_buckets=self.seq_buckets)
+                             whole_table=self.whole_table, cache_items=self.cache_items, seq_buckets=self.seq_buckets,
+                             replica_local=local)
 
     def one_batch(self):
         "The first batch of this replica, on the device, without padding rows."

@@ -17,11 +17,11 @@ from .core import *
 from .data import *
 
 # %% auto #0
-__all__ = ['DeviceSmoothLoss', 'set_smooth_loss', 'DeviceTotal', 'register_device_metric', 'on_device', 'fetch_to_host',
-           'gather_in_order', 'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback',
-           'on_run_device', 'add_counts', 'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
+__all__ = ['DeviceSmoothLoss', 'set_smooth_loss', 'DeviceTotal', 'register_device_metric', 'fetch_to_host', 'gather_in_order',
+           'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'on_run_device', 'add_counts',
+           'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #cae79e4f
+# %% ../nbs/02b_metrics.ipynb #407e9ba0
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     def reset(self):
@@ -61,32 +61,18 @@ class DeviceTotal:
     def __truediv__(self, n): return self.t / n
     def __repr__(self): return f'DeviceTotal({self.t})'
 
-# the attributes of fastai's metrics that hold device tensors during a phase
-_metric_state = {AvgMetric: ('total',), AvgLoss: ('total',), AvgSmoothLoss: ('val',), AccumMetric: ('preds', 'targs')}
-
-# metrics whose device state is a sum of counts (registered by `register_device_metric`): replicas add theirs, and
-# after the phase's one transfer `_host_form[cls](metric)` puts the values back in the form fastai's `value` reads
-_summed_state, _host_form = {}, {}
-
-_device_versions = {}   # metric class -> the mixin of its XLA version
+# the attributes of fastai's metrics that hold device tensors during a phase (`metric_versions`, `00_core`: one table of
+# what an XLA learner does with each kind of metric)
+for _cls, _attrs in ((AvgMetric, ('total',)), (AvgLoss, ('total',)), (AvgSmoothLoss, ('val',)), (AccumMetric, ('preds', 'targs'))):
+    metric_versions.register(_cls, state=_attrs)
 
 def register_device_metric(cls, attrs, host_form=None, xla_mixin=None):
-    "Have `DeviceMetricsCallback` sum the device tensors `attrs` of `cls` metrics over replicas and fetch them once per phase (a metric becomes its `xla_mixin` version on XLA)."
-    _metric_state[cls] = _summed_state[cls] = tuple(attrs)
-    if host_form is not None: _host_form[cls] = host_form
-    if xla_mixin is not None: _device_versions[cls] = xla_mixin
+    "Have `DeviceMetricsCallback` sum the device tensors `attrs` of `cls` metrics over replicas and fetch them once per phase; after the phase's one transfer `host_form(metric)` puts them back in the form fastai's `value` reads (a metric becomes its `xla_mixin` version on XLA)."
+    metric_versions.register(cls, xla_mixin, state=tuple(attrs), summed=True, host_form=host_form)
 
-def _lookup(registry:dict, met):
-    for cls, v in registry.items():
-        if isinstance(met, cls): return v
-    return None
-
-def _state_attrs(met): return _lookup(_metric_state, met) or ()
-
-def on_device(met):
-    "Make the metric `met` its XLA version, if it has one (see `register_device_metric`)."
-    mixin = _lookup(_device_versions, met)
-    return xla_version(met, mixin) if mixin is not None and not isinstance(met, mixin) else met
+def _state_attrs(met): return (metric_versions.entry(met) or {}).get('state', ())
+def _summed(met) -> bool: return (metric_versions.entry(met) or {}).get('summed', False)
+def _host_form(met): return (metric_versions.entry(met) or {}).get('host_form')
 
 def _get(o, a): return o[a] if isinstance(a, int) else getattr(o, a)
 def _set(o, a, v):
@@ -100,7 +86,7 @@ def fetch_to_host(objs_attrs):
     values = to_host([v.t if isinstance(v, DeviceTotal) else v for v in values])
     for (o, a), v in zip(pairs, values): _set(o, a, v)
 
-# %% ../nbs/02b_metrics.ipynb #8bc0ea5f
+# %% ../nbs/02b_metrics.ipynb #fc97107d
 def _cat(chunks):
     chunks = [c for c in chunks if c is not None]
     if not chunks: return None
@@ -111,13 +97,13 @@ def _pad_rows(t, n):
     if t.shape[0] == n: return t
     return torch.cat([t, t.new_zeros((n - t.shape[0], *t.shape[1:]))])
 
-def gather_in_order(chunks, n_total:int, run=None, world:int|None=None):
-    "Concatenate this replica's `chunks` (rows of its strided shard), gather those of the `world` replicas of `run` (default: all; no `run`: this replica alone) and return the `n_total` rows in order."
+def gather_in_order(chunks, n_total:int, run=None):
+    "Concatenate this replica's `chunks` (rows of its strided shard), gather those of every replica of `run` (none: this replica alone) and return the `n_total` rows in order."
     local = _cat(chunks)
     if local is None: return None
-    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, run, world) for t in local)
-    world = (run.count if run is not None else 1) if world is None else world
-    if world == 1: return local
+    if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, run) for t in local)
+    if run is None or not run.together: return local
+    world = run.count
     per = math.ceil(n_total / world)
     g = run.all_gather(_pad_rows(local, per))                  # [world, per, ...]
     return g.transpose(0, 1).reshape(world * per, *g.shape[2:])[:n_total]
@@ -128,21 +114,22 @@ def phase_items(dl) -> int:
     return dl.dl.n if dl.pad else dl.n * dl.world_size
 
 def is_sharded(dl) -> bool:
-    "Is `dl` shared out between replicas? A pass over it is a collective; a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
-    return isinstance(dl, XLADataLoader) and dl.world_size > 1
+    "Is `dl` shared out between the run's replicas? A pass over it is a collective (when the replicas talk: `Run.together`); a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
+    return isinstance(dl, XLADataLoader) and not dl.replica_local
 
-# %% ../nbs/02b_metrics.ipynb #6265d832
+# %% ../nbs/02b_metrics.ipynb #d335e60a
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
-    def __init__(self, device=None, losses_every:int=256): self.device, self.losses_every = device, losses_every
+    def __init__(self, losses_every:int=256): self.losses_every = losses_every
+    _device = property(lambda self: self.learn.xla_run.device)   # (not `device`: see `TPUCallback`)
 
     def before_fit(self):
-        self.device, self.losses_on_host = self.device or xla_device(), 0
-        for m in self.learn.metrics: on_device(m)
+        self.losses_on_host, changes = 0, self.learn.xla_changes
+        for m in self.learn.metrics: changes.make(metric_versions, m)
         rec = getattr(self.learn, 'recorder', None)
         if rec is not None and not isinstance(rec.smooth_loss, DeviceSmoothLoss):
-            set_smooth_loss(rec, DeviceSmoothLoss(beta=rec.smooth_loss.beta))
+            changes.set(rec, 'smooth_loss', DeviceSmoothLoss(beta=rec.smooth_loss.beta))
             rec.smooth_loss.reset()
 
     def before_batch(self):
@@ -156,7 +143,7 @@ class DeviceMetricsCallback(Callback):
     def _zero_accumulators(self):
         for met in self._phase_metrics():
             if isinstance(met, (AvgMetric, AvgLoss)) and not isinstance(met.total, (torch.Tensor, DeviceTotal)):
-                met.total = DeviceTotal(self.device)
+                met.total = DeviceTotal(self._device)
 
     # --- end of a phase: one copy of every accumulator to the host, before the Recorder reads them
     def after_train(self): self._end_phase(self._device_losses())
@@ -164,10 +151,10 @@ class DeviceMetricsCallback(Callback):
 
     def _end_phase(self, also=()):
         mets = self._phase_metrics()
-        if is_sharded(self.learn.dl): self._reduce_metrics(mets)
+        if is_sharded(self.learn.dl) and self.learn.xla_run.together: self._reduce_metrics(mets)
         fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
         for m in mets:
-            host_form = _lookup(_host_form, m)
+            host_form = _host_form(m)
             if host_form is not None: host_form(m)
 
     def _reduce_metrics(self, mets):
@@ -177,17 +164,17 @@ class DeviceMetricsCallback(Callback):
         n = phase_items(self.learn.dl)
         for m in mets:
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):
-                total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self.device)
+                total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self._device)
                 run.all_reduce_sum_([total, count])
                 m.total.t, m.count = total, int(to_host(count).item())
-            elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self.device:
+            elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self._device:
                 run.all_reduce_mean_([m.val])
                 m._value = None                                  # (the value it computed from this replica's alone)
             elif isinstance(m, AccumMetric) and n is not None:
                 m.preds, m.targs = [gather_in_order(m.preds, n, run)], [gather_in_order(m.targs, n, run)]
-            elif _lookup(_summed_state, m):
-                sums = [getattr(m, a) for a in _lookup(_summed_state, m)]
-                if all(isinstance(t, torch.Tensor) and t.device == self.device for t in sums): run.all_reduce_sum_(sums)
+            elif _summed(m):
+                sums = [getattr(m, a) for a in _state_attrs(m)]
+                if all(isinstance(t, torch.Tensor) and t.device == self._device for t in sums): run.all_reduce_sum_(sums)
 
     # --- the Recorder's loss of every step: to the host in batches, a step behind the device
     def after_batch(self):
@@ -203,7 +190,7 @@ class DeviceMetricsCallback(Callback):
 
     def after_fit(self): fetch_to_host(self._device_losses() + [(self.learn, 'smooth_loss')])
 
-# %% ../nbs/02b_metrics.ipynb #c409dd32
+# %% ../nbs/02b_metrics.ipynb #d331ea61
 class ReplicaPredsCallback(Callback):
     "`get_preds`' predictions, targets, inputs and losses from every replica, in data set order, on the host."
     order, run_valid = TrainEvalCallback.order - 0.25, True
@@ -219,7 +206,7 @@ class ReplicaPredsCallback(Callback):
                 if hasattr(cb, a) and n is not None:
                     if a == 'inputs' and batch_rows:   # recorded before the padding was cut (and never for skipped batches)
                         chunks = [trim_batch(x, r) for x, r in zip(chunks, [r for r in batch_rows if r])]
-                    whole = gather_in_order(chunks, n, self.learn.xla_run, self.learn.dl.world_size)
+                    whole = gather_in_order(chunks, n, self.learn.xla_run if is_sharded(self.learn.dl) else None)
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
 

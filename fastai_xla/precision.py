@@ -12,16 +12,15 @@ from .core import *
 from .callback import *
 
 # %% auto #0
-__all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision', 'use_fastai_precision',
-           'XLAPrecisionMethods']
+__all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision', 'XLAPrecisionMethods']
 
-# %% ../nbs/06_precision.ipynb #173a45b2
+# %% ../nbs/06_precision.ipynb #f2f6dc58
 class XLAMixedPrecision(MixedPrecision):
     "bfloat16 mixed precision on an XLA device: XLA autocast, no grad scaler."
     order = MixedPrecision.order
     def __init__(self): super().__init__(amp_mode=AMPMode.BF16)
     def before_fit(self):
-        self.autocast = torch.autocast(self.learn.xla_run.backend.device_type, dtype=torch.bfloat16)
+        self.autocast = torch.autocast(self.learn.xla_run.backend.runtime.autocast_device_type(), dtype=torch.bfloat16)
         self.learn.scaler, self.scales = None, []
     def before_backward(self): pass
     def before_step(self): pass
@@ -44,18 +43,11 @@ def refuse_float16(learn):
     xla_precision_cbs([cb for cb in learn.cbs if type(cb) is MixedPrecision])
 
 def use_xla_precision(learn):
-    "Replace `learn`'s fastai bf16 `MixedPrecision` by `XLAMixedPrecision`."
-    cuda = [cb for cb in learn.cbs if type(cb) is MixedPrecision]
-    learn.remove_cbs(cuda)
-    learn.add_cbs(xla_precision_cbs(cuda))
+    "Replace `learn`'s fastai bf16 `MixedPrecision` by `XLAMixedPrecision` (noted in the learner's record of changes: `detach_xla` and `export` give fastai's back)."
+    for cb, xla in zip(cuda := [cb for cb in learn.cbs if type(cb) is MixedPrecision], xla_precision_cbs(cuda)):
+        learn.xla_changes.remove_cb(cb); learn.xla_changes.add_cb(xla)
 
-def use_fastai_precision(learn):
-    "Undo `use_xla_precision` (for `detach_xla`): fastai's bf16 `MixedPrecision` again."
-    xla = [cb for cb in learn.cbs if isinstance(cb, XLAMixedPrecision)]
-    learn.remove_cbs(xla)
-    if xla: learn.add_cb(MixedPrecision(amp_mode=AMPMode.BF16))
-
-# %% ../nbs/06_precision.ipynb #ce584446
+# %% ../nbs/06_precision.ipynb #3c98543a
 class XLAPrecisionMethods(XLAVersion):
     "An XLA learner's `to_bf16` and `to_fp16` (see `on_xla_learner`)."
     def to_bf16(self):
@@ -75,4 +67,4 @@ class XLAPrecisionMethods(XLAVersion):
                              "chooses memory layouts itself. Use `to_channelslast(amp_mode='bf16')`, or just `to_bf16()`.")
         return self.to_bf16()
 
-on_xla_learner(check=refuse_float16, setup=use_xla_precision, detach=use_fastai_precision, mixin=XLAPrecisionMethods)
+on_xla_learner(check=refuse_float16, setup=use_xla_precision, mixin=XLAPrecisionMethods)

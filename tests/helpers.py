@@ -1,4 +1,5 @@
 "Small real learners on scikit-learn data, shared by the tests."
+import os
 import torch, numpy as np, pandas as pd
 from fastai.basics import *
 from fastai.callback.all import *
@@ -49,11 +50,19 @@ def segmentation_learner(path, classes='digit', metrics=(), bs=32, seed=0, batch
 
 def on_train_device(t) -> bool:
     "Is `t` on the device this process trains on? (The XLA device; on the native backend's CPU, the CPU.)"
-    return t.device == default_backend().device()
+    return t.device == xla_device()
 
 def device_is_host() -> bool:
     "Is the training device the host itself (the native backend on the CPU: nothing moves, `to_host` copies nothing)?"
-    return default_backend().device().type == 'cpu'
+    return xla_device().type == 'cpu'
+
+def gloo_replica_env(rank:int, world:int, port:int, local_rank=None, local_world=None, **more) -> dict:
+    "The environment variables of replica `rank` of `world` processes meeting on this host's `port` over gloo (what a pod's host, or `learn.launch`, gives each replica)."
+    from fastai_xla.settings import Settings, replica_env
+    s = Settings(transport='gloo', rank=rank, world_size=world, local_rank=rank if local_rank is None else local_rank,
+                 local_world_size=world if local_world is None else local_world, master_addr='127.0.0.1', master_port=port)
+    backend = os.environ.get('FASTAI_XLA_BACKEND')
+    return {**replica_env(s), 'PJRT_DEVICE': 'CPU', **({'FASTAI_XLA_BACKEND': backend} if backend else {}), **more}
 
 def fault_row(fault:str, sees:str, seconds:float|None, lost:str):
     "Record one row of the README's fault table in `$FASTAI_XLA_FAULT_TABLE`, when set (`benchmarks/faults.py` sets it)."

@@ -97,11 +97,10 @@ print('REPLICA', replica_ordinal(), 'OF', ours, 'SAW', seen, 'ACC', learn.record
 """
 
 def test_fastai_gpu_script_calls_on_two_replicas(tmp_path):
-    from fastai_xla.launch import _gloo_env, free_port as _free_port
     (tmp_path/'train.py').write_text(FASTAI_GPU_SCRIPT.format(tests=str(Path(__file__).parent)))
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, **_gloo_env(rank, 2, port)}) for rank in range(2)]
+                              env={**os.environ, **gloo_replica_env(rank, 2, port)}) for rank in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[1][1][-3000:] + outs[0][1][-3000:]
     lines = sorted(l for o, _ in outs for l in o.splitlines() if l.startswith('REPLICA'))

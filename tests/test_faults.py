@@ -19,8 +19,7 @@ def start_replicas(script:str, tmp_path, n=2, per_host=1, **env):
     port = free_port()
     procs = []
     for r in range(n):
-        e = {**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_TRANSPORT': 'gloo', **replica_env(r, n, port),
-             'FASTAI_XLA_LOCAL_RANK': str(r % per_host), 'FASTAI_XLA_LOCAL_WORLD_SIZE': str(per_host), **env}
+        e = {**os.environ, **gloo_replica_env(r, n, port, local_rank=r % per_host, local_world=per_host), **env}
         procs.append(subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, env=e, text=True,
                                       stdout=open(tmp_path/f'out-{r}.txt', 'w'), stderr=open(tmp_path/f'err-{r}.txt', 'w')))
     return procs

@@ -270,11 +270,10 @@ def test_a_plain_script_stops_every_replica_when_one_fails(tmp_path):
     gradients: replica 0's watchdog stops it within FASTAI_XLA_FAULT_GRACE, printing replica 1's traceback. On a TPU
     the same code runs; only the store's address travels through xm.rendezvous instead of gloo (not tested here)."""
     import subprocess, sys, time
-    from fastai_xla.launch import _gloo_env, free_port as _free_port
     (tmp_path/'train.py').write_text(SCRIPT_WITH_A_FAILING_REPLICA.format(tests=str(Path(__file__).parent)))
-    port, t = _free_port(), time.time()
+    port, t = free_port(), time.time()
     procs = [subprocess.Popen([sys.executable, 'train.py'], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, **_gloo_env(rank, 2, port), 'FASTAI_XLA_FAULT_GRACE': '2'}) for rank in range(2)]
+                              env={**os.environ, **gloo_replica_env(rank, 2, port), 'FASTAI_XLA_FAULT_GRACE': '2'}) for rank in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     took = time.time() - t
     assert [p.returncode != 0 for p in procs] == [True, True]

@@ -47,13 +47,13 @@ def test_native_backend_without_a_chip_is_a_clear_error_not_an_abort():
     assert res.returncode == 1 and 'this machine has no TPU chip' in res.stderr, (res.returncode, res.stderr[-2000:])
 
 def test_torch_xla_backend_says_torch_xla_is_missing_and_names_torchtpu():
-    from fastai_xla.backend import backend_named, use_backend
+    from fastai_xla.backend import backend_named
     with pytest.raises(ImportError, match="needs torch_xla, which is not installed") as e: backend_named('torch_xla')
     assert "FASTAI_XLA_BACKEND=native" in str(e.value)
-    with pytest.raises(ImportError, match='not installed'): use_backend()        # chosen from the machine: no chip, no torch_xla
+    with pytest.raises(ImportError, match='not installed'): backend_named()      # chosen from the machine: no chip, no torch_xla
 
 def test_nprocs_is_checked_against_the_tpu_generation():
-    from fastai_xla.backend import check_nprocs
+    from fastai_xla.backend_native import check_nprocs
     assert check_nprocs(8, ['0x006f'] * 8) == 8                                 # v6e: 1, 4 or 8
     with pytest.raises(ValueError, match='not 2'): check_nprocs(2, ['0x006f'] * 8)
     with pytest.raises(ValueError, match='v7'): check_nprocs(1, ['0x0076'] * 8)   # v7: 2, 4 or 8

@@ -54,7 +54,7 @@ def save_atomically(obj, path, pickle_protocol:int=2) -> Path:
     "`torch.save` `obj` to `path` atomically: readers see the old file or the whole new one."
     return write_atomically(path, lambda f: torch.save(obj, f, pickle_protocol=pickle_protocol))
 
-# %% ../nbs/05_checkpoint.ipynb #535659bb
+# %% ../nbs/05_checkpoint.ipynb #c7852a33
 class CheckpointCollision(RuntimeError):
     "Another run wrote a checkpoint this run writes and reads: two runs save under one name in one folder at once."
 
@@ -91,6 +91,7 @@ def wait_for_save(learn, path, timeout=None):
     run = learn.xla_run
     timeout = run.timeout if timeout is None else timeout
     want = run.saves.get(str(path), 0)
+    if want == 0: return                               # (this run never saved it: the file is as it is)
     deadline = time.time() + timeout
     while True:
         marker = _read_marker(path)

@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #fcea9c50
+# %% ../nbs/00c_dist.ipynb #2f8f16c1
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -143,7 +143,9 @@ def watch_parent(interval:float=0.5, what:str='replica'):
     threading.Thread(target=watch, daemon=True, name='fastai_xla parent watch').start()
 
 def _replica_settings(settings:Settings, rank:int, world:int, local_world:int, port:int) -> Settings:
-    return settings.with_(rank=rank, world_size=world, local_rank=rank % local_world, local_world_size=local_world,
+    "Replica `rank`'s settings: its place among `world` replicas on this host, meeting at `port` (a local rank the launching settings give is kept: tests play a pod's hosts so)."
+    local = settings.local_rank if settings.local_rank is not None else rank % local_world
+    return settings.with_(rank=rank, world_size=world, local_rank=local, local_world_size=settings.local_world_size or local_world,
                           master_addr='127.0.0.1', master_port=port)
 
 def _exit_status(e:BaseException) -> int:

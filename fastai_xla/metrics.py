@@ -21,7 +21,7 @@ __all__ = ['DeviceSmoothLoss', 'set_smooth_loss', 'DeviceTotal', 'register_devic
            'phase_items', 'is_sharded', 'DeviceMetricsCallback', 'ReplicaPredsCallback', 'on_run_device', 'add_counts',
            'class_counts', 'CountsOnDevice', 'ClassCountsOnDevice']
 
-# %% ../nbs/02b_metrics.ipynb #407e9ba0
+# %% ../nbs/02b_metrics.ipynb #84c134e4
 class DeviceSmoothLoss(AvgSmoothLoss):
     "`AvgSmoothLoss` that keeps its running value on the loss's device."
     def reset(self):
@@ -63,7 +63,7 @@ class DeviceTotal:
 
 # the attributes of fastai's metrics that hold device tensors during a phase (`metric_versions`, `00_core`: one table of
 # what an XLA learner does with each kind of metric)
-for _cls, _attrs in ((AvgMetric, ('total',)), (AvgLoss, ('total',)), (AvgSmoothLoss, ('val',)), (AccumMetric, ('preds', 'targs'))):
+for _cls, _attrs in ((AvgMetric, ('total', 'count')), (AvgLoss, ('total', 'count')), (AvgSmoothLoss, ('val',)), (AccumMetric, ('preds', 'targs'))):
     metric_versions.register(_cls, state=_attrs)
 
 def register_device_metric(cls, attrs, host_form=None, xla_mixin=None):
@@ -117,7 +117,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between the run's replicas? A pass over it is a collective (when the replicas talk: `Run.together`); a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and not dl.replica_local
 
-# %% ../nbs/02b_metrics.ipynb #d335e60a
+# %% ../nbs/02b_metrics.ipynb #979a6fd6
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -151,11 +151,15 @@ class DeviceMetricsCallback(Callback):
 
     def _end_phase(self, also=()):
         mets = self._phase_metrics()
-        if is_sharded(self.learn.dl) and self.learn.xla_run.together: self._reduce_metrics(mets)
+        reduced = is_sharded(self.learn.dl) and self.learn.xla_run.together
+        if reduced: self._reduce_metrics(mets)
         fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
         for m in mets:
             host_form = _host_form(m)
             if host_form is not None: host_form(m)
+        # the reductions' results are on the host now, but torch_xla still holds their collectives' token, which would
+        # pull them into the next step's graph (a graph of its own, compiled in the second epoch): end it here (no work left)
+        if reduced: step_boundary()
 
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
@@ -166,7 +170,7 @@ class DeviceMetricsCallback(Callback):
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):
                 total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self._device)
                 run.all_reduce_sum_([total, count])
-                m.total.t, m.count = total, int(to_host(count).item())
+                m.total.t, m.count = total, count           # (the count too comes to the host in the phase's one transfer)
             elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self._device:
                 run.all_reduce_mean_([m.val])
                 m._value = None                                  # (the value it computed from this replica's alone)
@@ -190,7 +194,7 @@ class DeviceMetricsCallback(Callback):
 
     def after_fit(self): fetch_to_host(self._device_losses() + [(self.learn, 'smooth_loss')])
 
-# %% ../nbs/02b_metrics.ipynb #d331ea61
+# %% ../nbs/02b_metrics.ipynb #5bbc0c98
 class ReplicaPredsCallback(Callback):
     "`get_preds`' predictions, targets, inputs and losses from every replica, in data set order, on the host."
     order, run_valid = TrainEvalCallback.order - 0.25, True
@@ -209,6 +213,7 @@ class ReplicaPredsCallback(Callback):
                     whole = gather_in_order(chunks, n, self.learn.xla_run if is_sharded(self.learn.dl) else None)
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
+        if gathers and n is not None and is_sharded(self.learn.dl) and self.learn.xla_run.together: step_boundary()   # (see `_end_phase`)
 
 # %% ../nbs/02b_metrics.ipynb #bfbfbbb8
 def on_run_device(learn, t) -> bool:

@@ -11,7 +11,7 @@ from .backend import BACKENDS, Backend, backend_named
 # %% auto #0
 __all__ = ['TRANSPORTS', 'this_thread', 'Settings', 'replica_env', 'current_settings', 'current_backend']
 
-# %% ../nbs/00_settings.ipynb #3397083a
+# %% ../nbs/00_settings.ipynb #495d0d9c
 TRANSPORTS = ('xla', 'gloo')
 
 def _number(env, name:str, default, kind=float, low=None):
@@ -31,7 +31,7 @@ def _choice(value, allowed:tuple, variable:str, argument:str, given:bool):
     "`value` if it is one of `allowed` (None stays None), else an error naming the argument or the variable it came from."
     if value is None or value in allowed: return value
     where = f"{argument}={value!r}" if given else f"The environment variable {variable}={value!r}"
-    raise ValueError(f"{where} is not one of {', '.join(map(repr, allowed))}: use one of them, or leave it out.")
+    raise ValueError(f"{where} must be one of {', '.join(map(repr, allowed))}: set it to one of them, or leave it out.")
 
 @dataclass(frozen=True)
 class Settings:
@@ -58,7 +58,8 @@ class Settings:
                   master_addr=env.get('FASTAI_XLA_MASTER_ADDR') or None,
                   master_port=_number(env, 'FASTAI_XLA_MASTER_PORT', None, int, low=1),
                   store_addr=env.get('FASTAI_XLA_STORE_ADDR') or env.get('MASTER_ADDR') or None)
-        if res.transport == 'gloo': res.check_group('FASTAI_XLA_TRANSPORT=gloo')
+        # (a replica's environment must place it in its group; a launcher asked for `transport='gloo'` places its replicas itself)
+        if res.transport == 'gloo' and transport is None: res.check_group('FASTAI_XLA_TRANSPORT=gloo')
         return res
 
     def check_group(self, what:str):

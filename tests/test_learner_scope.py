@@ -129,3 +129,35 @@ def test_a_bad_environment_variable_is_named():
     r = run_py(code, env=dict(FASTAI_XLA_TIMEOUT='abc'))
     assert r.returncode != 0
     assert "FASTAI_XLA_TIMEOUT='abc' is not a number" in r.stderr, r.stderr[-2000:]
+
+IMPORTED = '''
+import json, hashlib, torch
+{imports}
+from fastai.basics import *
+from sklearn.datasets import load_digits
+X, y = load_digits(return_X_y=True)
+X = torch.tensor(X, dtype=torch.float32) + 1000.               # features at mean 1000: torch_xla's own batch norm is 6% off or NaN
+items = [(X[i], torch.tensor(int(y[i]))) for i in range(len(X))]
+set_seed(0, reproducible=True)
+dls = DataLoaders(DataLoader(items[:1400], bs=64, shuffle=True, drop_last=True), DataLoader(items[1400:], bs=64))
+model = nn.Sequential(nn.BatchNorm1d(64), nn.Linear(64, 32), nn.ReLU(), nn.BatchNorm1d(32), nn.Linear(32, 10))
+learn = Learner(dls, model, loss_func=CrossEntropyLossFlat(), metrics=accuracy).to_tpu_distributed(seed=0)
+with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
+digest = hashlib.sha256(b''.join(p.detach().cpu().numpy().tobytes() for p in learn.model.state_dict().values())).hexdigest()
+print('RESULT', json.dumps(dict(modules=[[c.__name__ for c in type(m).__mro__][:2] for m in learn.model],
+                                callbacks=sorted(type(c).__name__ for c in learn.cbs), values=learn.recorder.values[-1],
+                                digest=digest, learner=[c.__name__ for c in type(learn).__mro__])))
+'''
+
+def test_what_a_learner_gets_does_not_depend_on_what_was_imported():
+    "Only `fastai_xla.distributed` imported (where `to_tpu_distributed` lives), or `fastai_xla.all`: the same XLA versions (the exact batch norms of 13_models at mean 1000), callbacks and learner mixins, and the same weights to the bit."
+    runs = {}
+    for imports in ('from fastai_xla.distributed import *', 'from fastai_xla.all import *'):
+        r = run_py(IMPORTED.format(imports=imports))
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[imports] = json.loads(r.stdout.split('RESULT ')[-1])
+    only, every = runs.values()
+    assert only == every, (only, every)
+    assert only['modules'][0] == ['BatchNorm1d', 'BatchNormOnXLA'] and only['modules'][3][1] == 'BatchNormOnXLA', only['modules']
+    assert {'XLADiagnostics', 'TPUCallback'} <= set(only['callbacks']) and 'XLACheckpoints' in only['learner'], only
+    assert all(v == v for v in only['values']) and only['values'][-1] > 0.7, only['values']   # no NaN; it learned

@@ -87,8 +87,9 @@ def test_each_host_writes_its_own_checkpoint_once(pod):
     for host in range(HOSTS):
         models = whole/f'host{host}'/'models'
         assert (models/'run.pth').exists() and not list(models.glob('.*.tmp'))
-        run_id, saves = (models/'.run.pth.saves').read_text().split(':')
-        assert int(saves) == 3                                         # one write per epoch on this host, by its local master
+        marker = json.loads((models/'.run.pth.saves').read_text())
+        run_id, saves = marker['run'], marker['count']
+        assert saves == 3                                         # one write per epoch on this host, by its local master
 
 def test_metrics_equal_one_devices(pod):
     "The 4-replica run's last validation equals one device's over the whole validation set with its final weights."

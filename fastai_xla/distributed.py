@@ -85,11 +85,12 @@ def spawn(fn, args:tuple=(), nprocs:int|None=None, backend:str|None=None, start_
     launcher = backend_named(settings.backend).launcher(settings)
     launcher.run(TellingFailures(fn), tuple(args), check_nprocs_arg(nprocs), launcher.start_method(start_method, False))
 
-# %% ../nbs/04_distributed.ipynb #6ff60f91
+# %% ../nbs/04_distributed.ipynb #038bed1f
 def rank0_first(func, *args, **kwargs):
     "fastai's `rank0_first` for XLA replicas: `func(*args, **kwargs)` on the master first, then on the others; its result."
-    if replica_count() == 1: return func(*args, **kwargs)
-    first = replica_ordinal() == 0
+    collectives = this_thread.run.collectives if this_thread.run is not None else replica_collectives()
+    if collectives.count() == 1 and not collectives.runs_alone: return func(*args, **kwargs)
+    first = collectives.ordinal() == 0
     if first: res = func(*args, **kwargs)
     if this_thread.run is not None: this_thread.run.barrier('fastai_xla rank0_first')
     else: replica_collectives().barrier('fastai_xla rank0_first')   # (before any learner: the collectives its run will take)

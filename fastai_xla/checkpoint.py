@@ -136,7 +136,7 @@ def checkpoint_error(file, e) -> Exception:
         return RuntimeError(f"The checkpoint {file} is for a different model: {e}")
     return RuntimeError(f"{file} is not a readable checkpoint (truncated or corrupted?): {type(e).__name__}: {e}")
 
-# %% ../nbs/05_checkpoint.ipynb #5fe68028
+# %% ../nbs/05_checkpoint.ipynb #9aeb0f66
 def save_on_xla(learn, file, state, pickle_protocol:int=2) -> Path:
     "Write `state()` (CPU tensors) to `file` in `learn`'s model directory atomically; for an XLA learner after this replica's pending step, by the first replica of each host, counted for `wait_for_save`."
     path = checkpoint_path(learn, file)
@@ -153,13 +153,19 @@ def save_on_xla(learn, file, state, pickle_protocol:int=2) -> Path:
             run=learn.xla_run.run_id, count=count, at=time.time(), file=[written.st_ino, written.st_size, written.st_mtime_ns])).encode()))
     return path
 
+# fastai's `load` allows its classes in `torch.load` for the call (`torch.serialization.safe_globals`), a list that is the
+# process's: two replicas that are threads of one process (TPU v2/v3), loading at once, take each other's entries away
+# mid-load ("Unsupported global: fastcore.foundation.L"). They read one at a time.
+_reading = threading.Lock()
+
 def read_checkpoint(learn, file, read=None):
     "`read(path)` (default: `torch.load` to the CPU) of the checkpoint `file` of an XLA learner, on every replica once the master's save is there, and only this run's own save: what it returns, and the path."
     path = checkpoint_path(learn, file)
     if getattr(learn, 'xla_run', None) is not None:   # (a learner off XLA reads as it is)
         if not learn.xla_run.is_local_master: wait_for_save(learn, path)
         check_own_save(learn, path)
-    try: return (read or (lambda p: torch.load(p, map_location='cpu', weights_only=False)))(path), path
+    try:
+        with _reading: return (read or (lambda p: torch.load(p, map_location='cpu', weights_only=False)))(path), path
     except Exception as e: raise checkpoint_error(path, e) from e
 
 def load_on_xla(learn, fastai_load, file, **kwargs):

@@ -12,8 +12,8 @@ from .backend import *
 from .settings import *
 
 # %% auto #0
-__all__ = ['PREEMPTED_STATUS', 'joining_error', 'DistCollectives', 'check_nprocs_arg', 'free_port', 'watch_parent',
-           'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+__all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'DistCollectives', 'check_nprocs_arg', 'free_port',
+           'watch_parent', 'SignalNotice', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
 # %% ../nbs/00c_dist.ipynb #16e36c7d
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #2f8f16c1
+# %% ../nbs/00c_dist.ipynb #6e7adb3c
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -158,11 +158,17 @@ def _replica_main(settings_env:dict, threads:int, job:str):
     os.environ.update(settings_env)
     watch_parent()
     import cloudpickle
-    fn, args = cloudpickle.loads(Path(job).read_bytes())
+    fn, args = job if isinstance(job, tuple) else cloudpickle.loads(Path(job).read_bytes())   # (forked: inherited, not pickled)
     base = current_settings()
     statuses = []
+    runtime = backend_named(base.backend).runtime
+    if threads > 1:
+        runtime.prepare_threads(threads)
+        process_signals.install(('SIGTERM',))   # (a preemption's notice, for the threads' `ResumeCallback`s)
     def one(s:Settings):
-        if threads > 1: this_thread.settings = s
+        if threads > 1:
+            this_thread.settings = s
+            runtime.use_thread_device(s.local_rank % threads)
         try: fn(s.rank, *args); statuses.append(0)
         except BaseException as e:
             if not isinstance(e, SystemExit): traceback.print_exc()
@@ -179,6 +185,19 @@ def _replica_main(settings_env:dict, threads:int, job:str):
     # joinable thread ("terminate called without an active exception"): a crash after the work is done would fail the launch
     # and lose a good result. Nothing is left to tear down that matters: leave at once, with the replicas' status.
     os._exit(next((c for c in statuses if c), 0))
+
+class SignalNotice:
+    "Signals this process's main thread received, for its replica threads (only a process's main thread gets signals): a launcher of replica threads installs it."
+    def __init__(self): self.got, self.signals = {}, ()
+    def install(self, signals=('SIGTERM',)):
+        "In the main thread: note `signals` when they come, instead of their default action."
+        self.signals = tuple(signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals)
+        for s in self.signals: signal.signal(s, self._note)
+    def _note(self, signum, frame): self.got.setdefault(signal.Signals(signum), time.monotonic())
+    def watches(self, sig) -> bool: "Is `sig` noted for the replica threads?"; return sig in self.signals
+    def received(self, sig, since:float=0.) -> bool: "Did `sig` come after `since` (`time.monotonic`)?"; return self.got.get(sig, -1) >= since
+
+process_signals = SignalNotice()   # (signals go to processes: this notice is the process's, shared by its replica threads)
 
 class _Forked:
     "A forked replica process, with the interface of `subprocess.Popen` the launcher uses."
@@ -220,12 +239,12 @@ class ReplicaProcesses(Launcher):
         import cloudpickle
         if self.before_start is not None: self.before_start(nprocs)
         port, world = free_port(), nprocs
-        self.dir = Path(tempfile.mkdtemp(prefix='fastai_xla-replicas-'))
-        job = self.dir/'job.pkl'
-        job.write_bytes(cloudpickle.dumps((fn, tuple(args))))
         envs = [replica_env(_replica_settings(self.settings, r, world, world, port)) for r in range(nprocs)]
-        if start_method == 'fork': self.procs = [_Forked(e, self.threads, str(job)) for e in envs]
+        if start_method == 'fork': self.procs = [_Forked(e, self.threads, (fn, tuple(args))) for e in envs]
         else:
+            self.dir = Path(tempfile.mkdtemp(prefix='fastai_xla-replicas-'))
+            job = self.dir/'job.pkl'
+            job.write_bytes(cloudpickle.dumps((fn, tuple(args))))
             base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # same interpreter, same sys.path
             self.procs = [subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', str(self.threads), str(job)], env={**base, **e})
                           for e in envs]

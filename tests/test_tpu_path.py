@@ -125,3 +125,103 @@ def test_the_same_run_with_and_without_the_collectives(always_allreduce):
     assert [e['compiles'] for e in fit1(on)[1:]] == [0] == [e['compiles'] for e in fit1(off)[1:]], (fit1(on), fit1(off))
     assert [e['to_host'] for e in fit1(on)] == [e['to_host'] for e in fit1(off)], (fit1(on), fit1(off))
     assert on['n_preds'] == off['n_preds'] == 359
+
+THREADS = '''
+import sys, json, os, time, signal, hashlib, threading
+sys.path.insert(0, {tests!r})
+from helpers import *
+from test_replicas import indexed_learner, RecordItems
+from fastai_xla.dist import ReplicaProcesses, ReplicasFailed
+MODE, OUT = {mode!r}, Path({out!r})
+
+class Trouble(Callback):
+    "In epoch 1, batch 3: replica 3 raises (MODE fail), or replica 2 sends its own process SIGTERM (MODE preempt), once."
+    def before_batch(self):
+        if not self.training or (self.epoch, self.iter) != (1, 3): return
+        r = replica_ordinal()
+        if MODE == 'fail' and r == 3:
+            (OUT/'raised').write_text(repr(time.time())); raise ValueError('replica 3 breaks on purpose')
+        if MODE == 'preempt' and r == 2 and not (OUT/'signalled').exists():
+            (OUT/'signalled').write_text(repr(time.time())); os.kill(os.getpid(), signal.SIGTERM)
+
+BUILD = threading.Lock()
+def train(rank):
+    # threads of one process share its random generators: each seeds and builds its model alone, or the master's weights
+    # (which every replica takes) would depend on how the threads' draws interleaved
+    with BUILD: learn = indexed_learner(bs=32, path=OUT)
+    learn.to_tpu_distributed(seed=0)
+    rec = RecordItems()
+    learn.fit(2, 1e-2, start_epoch=learn.load_resume('run', missing_ok=True), cbs=[rec, Trouble(), ResumeCallback('run', check_every=2)])
+    valid = learn.validate()
+    preds, targs = learn.get_preds()
+    learn.save('final'); learn.load('final')
+    run = learn.xla_run
+    beats = [run.store.add(f'alive/{{r}}', 0) for r in range(run.count)]
+    (OUT/f'replica-{{run.ordinal}}.json').write_text(json.dumps(dict(
+        rank=run.ordinal, count=run.count, local=run.local_ordinal, pid=os.getpid(), device=str(run.device), seen=rec.seen,
+        valid=[float(v) for v in valid], n_preds=len(preds), beats=beats, watchdog=run.watchdog is not None or True,
+        weights=hashlib.sha256(b''.join(p.detach().cpu().numpy().tobytes() for p in learn.model.parameters())).hexdigest(),
+        params=[p.detach().cpu().flatten().tolist() for p in learn.model.parameters()])))
+
+t = time.time()
+try: ReplicaProcesses(current_settings(transport='gloo'), threads=2).run(TellingFailures(train), nprocs=2, start_method='fork')   # (as `spawn` runs it)
+except ReplicasFailed as e: print('FAILED', json.dumps(e.statuses))
+print('ENDED', time.time())
+'''
+
+def run_threads(tmp_path, mode, **env):
+    tmp_path.mkdir(exist_ok=True)
+    r = run_py(THREADS.format(tests=str(TESTS), mode=mode, out=str(tmp_path)), env={'FASTAI_XLA_FAULT_GRACE': '2', **env}, timeout=600)
+    assert 'ENDED' in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+    reports = {json.loads(p.read_text())['rank']: json.loads(p.read_text()) for p in tmp_path.glob('replica-*.json')}
+    failed = json.loads(r.stdout.split('FAILED ')[1].splitlines()[0]) if 'FAILED ' in r.stdout else None
+    return r, reports, failed, float(r.stdout.split('ENDED ')[1].split()[0])
+
+@pytest.fixture(scope='module')
+def threads(tmp_path_factory):
+    "4 replicas as 2 processes x 2 threads (a TPU v3-8's shape, halved), gloo between them: fit, validate, get_preds, save/load."
+    out = tmp_path_factory.mktemp('threads')
+    r, reports, failed, _ = run_threads(out, 'none')
+    assert failed is None and len(reports) == 4, r.stderr[-4000:]
+    return out, r, reports
+
+def test_replicas_as_threads_are_replicas_of_their_own(threads):
+    out, r, reports = threads
+    assert sorted(reports) == [0, 1, 2, 3] and all(x['count'] == 4 for x in reports.values())
+    assert len({x['pid'] for x in reports.values()}) == 2                                 # 2 processes ...
+    assert sorted(x['local'] for x in reports.values()) == [0, 1, 2, 3]                   # ... of one host
+    assert sorted(x['device'] for x in reports.values()) == ['xla:0', 'xla:0', 'xla:1', 'xla:1']   # a device per thread
+    for x in reports.values(): assert all(b > 0 for b in x['beats']), x['beats']          # every replica's own heartbeat moved
+    assert len({x['weights'] for x in reports.values()}) == 1 and all(x['n_preds'] == 360 for x in reports.values())
+    assert r.stdout.count('train_loss') == 1, r.stdout[-3000:]                             # one progress table: the master's
+
+def test_thread_replicas_share_out_the_data_and_measure_it_exactly(threads):
+    out, r, reports = threads
+    from test_replicas import indexed_learner
+    for epoch in (0, 1):
+        seen = [set(i for e, phase, ids in x['seen'] if (e, phase) == (epoch, 'train') for i in ids) for x in reports.values()]
+        assert all(not (a & b) for k, a in enumerate(seen) for b in seen[k + 1:])           # disjoint
+        valid = [i for x in reports.values() for e, phase, ids in x['seen'] if (e, phase) == (epoch, 'valid') for i in ids]
+        assert sorted(valid) == list(range(1437, 1797))                                     # covering, once each
+    one = indexed_learner(bs=32, path=out).to_xla()
+    one.load('final')
+    with one.no_bar(): values = one.validate()
+    for x in reports.values(): assert x['valid'] == pytest.approx([float(v) for v in values], abs=1e-5)
+
+def test_a_failure_in_one_thread_stops_all_four(tmp_path):
+    r, reports, failed, ended = run_threads(tmp_path, 'fail')
+    took = ended - float((tmp_path/'raised').read_text())
+    assert failed is not None and set(failed) == {'0', '1'} and not reports, (failed, r.stderr[-3000:])
+    assert 'replica 3 breaks on purpose' in r.stderr and 'because replica 3 failed' in r.stderr, r.stderr[-3000:]
+    assert took < 20, took                                                                  # FASTAI_XLA_FAULT_GRACE is 2 s
+
+def test_a_preempted_thread_process_stops_all_after_the_same_step_and_resumes(tmp_path, threads):
+    r, reports, failed, _ = run_threads(tmp_path, 'preempt')
+    assert failed == {'0': 75, '1': 75}, (failed, r.stderr[-3000:])                        # every replica, Preempted
+    state = torch.load(tmp_path/'models'/'run.pth', weights_only=False)
+    assert state['next_epoch'] == 1 and state['batch'] >= 4 and sorted(state['every_replica']) == [0, 1, 2, 3], state['batch']
+    r, reports, failed, _ = run_threads(tmp_path, 'none')                                     # the same command again
+    assert failed is None and len(reports) == 4, r.stderr[-3000:]
+    whole = threads[2][0]['params']
+    for x in reports.values():                                                               # as if never stopped (1e-5)
+        for a, b in zip(x['params'], whole): assert max(abs(u - v) for u, v in zip(a, b)) < 1e-5

@@ -225,3 +225,64 @@ def test_a_preempted_thread_process_stops_all_after_the_same_step_and_resumes(tm
     whole = threads[2][0]['params']
     for x in reports.values():                                                               # as if never stopped (1e-5)
         for a, b in zip(x['params'], whole): assert max(abs(u - v) for u, v in zip(a, b)) < 1e-5
+
+def eight_replicas_train(learn, out_dir):
+    "Each of 8 replicas: one epoch, recording the items it saw; a checkpoint saved once; its report."
+    from test_replicas import RecordItems
+    rec = RecordItems()
+    learn.fit(1, 1e-2, cbs=[rec, SaveModelCallback(fname='best', every_epoch=False)])
+    Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(dict(
+        rank=replica_ordinal(), world=replica_count(), seen=rec.seen, values=[float(v) for v in learn.recorder.values[-1]])))
+
+def check_eight(out_dir, learn_path=None):
+    reps = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob('replica-*.json'))]
+    assert sorted(r['rank'] for r in reps) == list(range(8)) and all(r['world'] == 8 for r in reps)
+    train = [set(i for e, p, ids in r['seen'] if p == 'train' for i in ids) for r in reps]
+    assert all(not (a & b) for k, a in enumerate(train) for b in train[k + 1:])                   # disjoint
+    assert len(set().union(*train)) == 8 * 2 * 64                                                # 2 whole batches each
+    valid = sorted(i for r in reps for e, p, ids in r['seen'] if p == 'valid' for i in ids)
+    assert valid == list(range(1437, 1797))                                                       # covering, exactly once
+    assert len({tuple(r['values']) for r in reps}) == 1                                          # the same reduced metrics
+    return reps
+
+def test_eight_replicas_from_a_notebook(tmp_path):
+    "`learn.launch(nprocs=8)` (forked replicas, gloo) on this 2-core machine: shards, exact metrics, one checkpoint, bounded time."
+    from test_replicas import indexed_learner
+    learn = indexed_learner(bs=64, path=tmp_path)
+    t = time.time()
+    learn.launch(eight_replicas_train, str(tmp_path), nprocs=8, transport='gloo', dl_kwargs=dict(seed=0))
+    took = time.time() - t
+    reps = check_eight(tmp_path)
+    with learn.no_bar(): one = learn.validate()                   # the weights that came back, one device, whole valid set
+    assert reps[0]['values'][2] == pytest.approx(float(one[1]))   # accuracy, exact over the whole set
+    saved = sorted(p.name for p in (tmp_path/'models').iterdir())
+    assert saved == ['.best.pth.saves', 'best.pth'], saved                                      # one file, written once
+    assert json.loads((tmp_path/'models'/'.best.pth.saves').read_text())['count'] == 1
+    assert took < 300, took
+    print(f'8 replicas, launched: {took:.0f} s')
+
+EIGHT_SCRIPT = '''
+import sys, time; sys.path.insert(0, {tests!r})
+from helpers import *
+from test_replicas import indexed_learner
+from test_tpu_path import eight_replicas_train
+def train(index):
+    learn = indexed_learner(bs=64, path={out!r}).to_tpu_distributed(seed=0)
+    eight_replicas_train(learn, {out!r})
+if __name__ == '__main__':
+    t = time.time()
+    spawn(train, nprocs=8, transport='gloo', start_method='fork')
+    print('TOOK', time.time() - t)
+'''
+
+def test_eight_replicas_from_a_script(tmp_path):
+    "A script's `spawn(train, nprocs=8, transport='gloo')`: the same rules, one progress table."
+    (tmp_path/'train.py').write_text(EIGHT_SCRIPT.format(tests=str(TESTS), out=str(tmp_path)))
+    r = subprocess.run([sys.executable, 'train.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stderr[-4000:]
+    check_eight(tmp_path)
+    assert r.stdout.count('train_loss') == 1, r.stdout[-2000:]
+    took = float(r.stdout.split('TOOK ')[1].split()[0])
+    assert took < 300, took
+    print(f'8 replicas, spawned: {took:.0f} s')

@@ -1,0 +1,27 @@
+"""`python -m fastai_xla.check`, the self-check a user runs on their TPU, run here as a user runs it: on this machine's one
+CPU XLA device, whose collectives it runs through `XLA_ALWAYS_ALLREDUCE=1`, every way of running in a process of its own."""
+import json, os, subprocess, sys
+
+def check(env=None, *args):
+    return subprocess.run([sys.executable, '-m', 'fastai_xla.check', *args], capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, **(env or {})})
+
+def test_the_self_check_passes_here_and_names_the_versions():
+    r = check({'PJRT_DEVICE': 'CPU'}, '--json')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    env, checks = res['environment'], res['checks']
+    import torch, fastai
+    assert env['torch'] == torch.__version__.split('+')[0] or env['torch'] == torch.__version__, env
+    assert env['fastai'] == fastai.__version__ and env['fastai_xla'] and env['python'] and env['backend'] == 'torch_xla', env
+    passed = [c['name'] for c in checks if c['ok'] and not c.get('skipped')]
+    assert len(passed) >= 5, checks
+    for name in ('collectives: all-reduce and gather of the ordinals', 'shards: disjoint, covering', 'a fit: it learns, no compile after epoch 1',
+                 'metrics: exact over the whole validation set', 'learn.launch from a notebook', 'bfloat16 mixed precision'):
+        assert name in passed, (name, checks)
+
+def test_a_failing_check_is_reported_and_fails_the_command():
+    "A device the runtime does not know: every way of running fails, by name, and the command exits with status 1."
+    r = check({'PJRT_DEVICE': 'NOSUCH'}, '--timeout', '240')
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert 'FAIL  learn.launch from a notebook' in r.stdout and 'NOSUCH' in r.stdout and 'please paste this report' in r.stdout, r.stdout

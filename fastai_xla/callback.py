@@ -406,7 +406,7 @@ def is_xla_learner(learn) -> bool:
     "Does `learn` train on XLA (is it an XLA learner, see `to_xla`)?"
     return isinstance(learn, XLAVersion) and 'xla_run' in learn.__dict__
 
-# %% ../nbs/03_callback.ipynb #e4e59b98
+# %% ../nbs/03_callback.ipynb #240ec8e0
 @delegates(XLADataLoader.__init__)
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
@@ -426,7 +426,8 @@ def to_xla(self:Learner,
            grouped_steps:bool=True, # False: fastai's own per-parameter optimizer step (see `xla_optimizer`)
            run:Run|None=None, # the run this learner is a replica of (default: a run of one replica on `device`)
            backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
-           **kwargs):
+           **kwargs # what `XLADataLoader` takes (`batch_tfms_on`, `prefetch`, `num_workers`, `cache_items`, `seq_buckets`...), for every loader
+          ):
     "Train this learner on one XLA device: wrap its `DataLoaders`, add the XLA callbacks (`TPUCallback` and the others above)."
     load_features()
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)

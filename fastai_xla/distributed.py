@@ -42,7 +42,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #e4d519d3
+# %% ../nbs/04_distributed.ipynb #9c8d1f58
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
@@ -55,7 +55,8 @@ def to_tpu_distributed(self:Learner,
                        num_workers:int|None=None, # loader worker processes per replica (default: the training loader's, capped to this replica's share of the host's CPUs)
                        compile_cache=None, # a folder to keep compiled graphs in across runs (`enable_compile_cache`)
                        backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
-                       **kwargs):
+                       **kwargs # passed to `to_xla` (and from there to every `XLADataLoader`)
+                      ):
     "Make this learner the local replica of a run over all XLA devices (call it in every replica)."
     settings = current_settings(backend=backend)
     if compile_cache: enable_compile_cache(compile_cache, settings=settings)

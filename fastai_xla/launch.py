@@ -170,7 +170,7 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #cd003941
+# %% ../nbs/04a_launch.ipynb #05fb43ba
 def _write_job(job_dir, job):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
@@ -179,14 +179,17 @@ def _write_job(job_dir, job):
                            f"(for example fastai Transforms defined in the notebook, with fastai < 2.8.12) into a module.") from e
 
 @patch
-def launch(self:Learner, train, *args,
+def launch(self:Learner,
+           train, # what every replica runs: `train(learn, *args, **kwargs)`, `learn` its copy of this learner on its device
+           *args, # `train`'s positional arguments
            nprocs:int|None=None, # replicas to start (default: one per device; with `transport='gloo'`, required)
            transport:str|None=None, # 'xla' (the backend's own collectives) or 'gloo' (nprocs processes on the CPU device; default: FASTAI_XLA_TRANSPORT, else 'xla')
            start_method:str='auto', # 'fork' (nothing pickled), 'spawn' (fresh processes: the learner and `train` by cloudpickle) or 'auto' (fork where it can)
            dl_kwargs:dict|None=None, # what each replica passes to `to_tpu_distributed` (`seed`, `num_workers`, `cache_items`...)
            keep_failed_job:bool=False, # keep the launch's folder (job, events, tracebacks) when it fails, to look into
            backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
-           **kwargs):
+           **kwargs, # `train`'s keyword arguments
+          ):
     "Run `train(learn, *args, **kwargs)` on every replica; bring the trained weights and `Recorder` history back into `self`."
     settings = current_settings(backend=backend, transport=transport)
     nprocs = check_nprocs_arg(nprocs)

@@ -76,7 +76,7 @@ def shard_parameters(model, mesh, axis:str='data') -> int:
             count += 1
     return count
 
-# %% ../nbs/08_spmd.ipynb #9db10ee8
+# %% ../nbs/08_spmd.ipynb #819c6e0e
 def _check_batch_sizes(dls, n:int, axis:str):
     for i, dl in enumerate(dls.loaders):
         if dl.bs % n:
@@ -103,7 +103,8 @@ def to_tpu_spmd(self:Learner,
                 axis:str='data', # the mesh axis the batch is split over
                 seed:int|None=None, # seed of the epochs' item order (default: drawn)
                 backend:str|None=None, # 'torch_xla' (the native backend has no SPMD: refused; default: FASTAI_XLA_BACKEND, else chosen from the machine)
-                **kwargs):
+                **kwargs # passed to `to_xla` (and from there to every `XLADataLoader`)
+               ):
     "Train on every XLA device from this process: batches split over the mesh's `axis`, parameters replicated or sharded."
     enable_spmd(backend_named(current_settings(backend=backend).backend))
     _refuse_multi_host()

@@ -43,13 +43,23 @@ _share_cuda_libs() {   # $1: the site-packages to take them from, $2: the new si
 }
 _site() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 _quiet_pip() { grep -v "is ignored: it is neither\|^Not uninstalling\|outside environment\|Can't uninstall" >&2 || true; }
+# setuptools' "Editable installation" notice (a box of stars) on `pip install -e`: about folders named as the package
+export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation"
+_pip() {   # $1: the environment, the rest: pip install's arguments; pip is quiet, so a line every 30 s says it works
+    local venv="$1" start=$SECONDS ticker rc=0; shift
+    ( while sleep 30; do echo "  ... $(du -sm "$venv" 2>/dev/null | cut -f1) MB in $(basename "$venv") after $(( SECONDS - start )) s" >&2; done ) &
+    ticker=$!
+    "$venv/bin/pip" install "${PIP_QUIET[@]}" "$@" 2>&1 | _quiet_pip || rc=$?
+    kill "$ticker" 2>/dev/null; wait "$ticker" 2>/dev/null || true
+    return "$rc"
+}
 
 if ! _stamp_ok "$ROOT/.venv" "$BASE_SPEC"; then
     _need_disk 12 "creating $ROOT/.venv (torch + torch_xla)"
     echo "fastai_xla: creating $ROOT/.venv (torch + torch_xla take a few minutes)..." >&2
     _new_venv "$PY" "$ROOT/.venv"
-    "$ROOT/.venv/bin/pip" install "${PIP_QUIET[@]}" $BASE_SPEC 2>&1 | _quiet_pip
-    "$ROOT/.venv/bin/pip" install "${PIP_QUIET[@]}" --no-deps -e "$ROOT" 2>&1 | _quiet_pip
+    _pip "$ROOT/.venv" $BASE_SPEC
+    _pip "$ROOT/.venv" --no-deps -e "$ROOT"
     echo "$BASE_SPEC" > "$ROOT/.venv/.fastai_xla-stamp"
 fi
 
@@ -57,7 +67,7 @@ fi
 # timm's models for benchmarks/architectures.py
 DEV_EXTRAS="nbconvert pytest-xdist timm"
 if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
-    "$ROOT/.venv/bin/pip" install "${PIP_QUIET[@]}" $DEV_EXTRAS 2>&1 | _quiet_pip
+    _pip "$ROOT/.venv" $DEV_EXTRAS
     echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"
 fi
 
@@ -83,7 +93,7 @@ image_env() {   # $1: the environment's name (colab, kaggle), $2: its Python's v
         echo "fastai_xla: creating $venv ($("$py" --version), $1's TPU image: $3)..." >&2
         _new_venv "$py" "$venv"
         _share_cuda_libs "$(_site "$ROOT/.venv")" "$(_site "$venv")"
-        "$venv/bin/pip" install "${PIP_QUIET[@]}" $3 2>&1 | _quiet_pip
+        _pip "$venv" $3
         "$venv/bin/pip" list --format=freeze > "$venv/image.txt"
         image_install "$venv" "$ROOT" 2>&1 | _quiet_pip
         # installing fastai_xla must leave the image's torch stack as it was
@@ -92,7 +102,7 @@ image_env() {   # $1: the environment's name (colab, kaggle), $2: its Python's v
                   <(grep -iE '^(torch|torchvision|torch[-_]xla|fastcore)==' "$venv/after.txt") >&2; then
             echo "fastai_xla: the README's install command changed $1's torch stack (above)" >&2; exit 1
         fi
-        "$venv/bin/pip" install "${PIP_QUIET[@]}" $TEST_TOOLS 2>&1 | _quiet_pip
+        _pip "$venv" $TEST_TOOLS
         echo "$stamp" > "$venv/.fastai_xla-stamp"
     fi
     # a regular (not editable) install, as on the image: refresh it from this checkout (a few seconds)
@@ -112,9 +122,9 @@ torchtpu_env() {
         _need_disk 4 "creating $venv"
         echo "fastai_xla: creating $venv ($("$PY" --version), TorchTPU: $TORCHTPU_STACK)..." >&2
         _new_venv "$PY" "$venv"
-        "$venv/bin/pip" install "${PIP_QUIET[@]}" $TORCHTPU_STACK 2>&1 | _quiet_pip
+        _pip "$venv" $TORCHTPU_STACK
         image_install "$venv" "$ROOT" 2>&1 | _quiet_pip      # the README's two lines: the image's torch and torch-tpu kept
-        "$venv/bin/pip" install "${PIP_QUIET[@]}" pytest scikit-learn 2>&1 | _quiet_pip
+        _pip "$venv" pytest scikit-learn
         if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != "2.13.0")'; then
             echo "fastai_xla: installing fastai_xla changed TorchTPU's torch" >&2; exit 1
         fi

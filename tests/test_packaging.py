@@ -5,7 +5,7 @@ Colab have it), and installs a copy of this repository with `--no-deps` (the tor
 what is tested here). pip then builds in an isolated environment with the newest setuptools, as
 it does on users' machines: a `setup.py` that needs something setuptools dropped (it dropped
 `pkg_resources` in 81) fails here first. Needs the package index (PyPI), like every install."""
-import configparser, shutil, subprocess, sys, tarfile, zipfile
+import configparser, re, shutil, subprocess, sys, tarfile, zipfile
 from pathlib import Path
 import pytest
 
@@ -54,6 +54,24 @@ def test_pip_install_and_editable(src, tmp_path):
     assert (version, init_version) == (VERSION, VERSION)     # the editable install reports settings.ini's version
     assert where == str(src/'fastai_xla'/'__init__.py')      # and imports the source itself
 
+def extra_pins(meta:str) -> dict:
+    "`{extra: {requirement, ...}}` of a wheel's METADATA (no extra: '')."
+    pins = {}
+    for req, extra in re.findall(r'^Requires-Dist: ([^;\n]+?)(?:\s*;\s*extra == "(\w+)")?$', meta, re.M):
+        pins.setdefault(extra, set()).add(req.replace(' ', ''))
+    return pins
+
+def check_extras_as_the_readme_names_them(meta:str):
+    "The stack each extra installs is the one README.md's install table names for it (`pip install --dry-run` of `[cpu]`"
+    "resolved to torch 2.9.0, torch_xla 2.9.0, torchvision 0.24.0, fastai 2.8.12 on 2026-11-25: fastai is not pinned)."
+    pins, readme = extra_pins(meta), (ROOT/'README.md').read_text()
+    row = lambda start: next(l for l in readme.splitlines() if l.startswith(start))
+    assert pins['cpu'] == {'torch==2.9.0', 'torchvision==0.24.0', 'torch_xla==2.9.0'}, pins['cpu']
+    assert pins['tpu'] == {'torch==2.9.0', 'torchvision==0.24.0', 'torch_xla[tpu]==2.9.0'}, pins['tpu']
+    assert "`pip install './fastai_xla[cpu]'` | torch + torch_xla 2.9.0 (torchvision 0.24.0) and the newest fastai 2.8.x" in row('| a CPU machine')
+    assert "`pip install './fastai_xla[tpu]'` | torch + torch_xla[tpu] 2.9.0" in row('| your TPU VM')
+    assert 'fastai<2.9,>=2.8.7' in pins[''], pins['']     # "the newest fastai 2.8.x"
+
 def test_build_sdist_and_wheel(src, tmp_path):
     py = fresh_venv(tmp_path/'venv')
     run(py, '-m', 'pip', 'install', '-q', 'build')
@@ -66,6 +84,7 @@ def test_build_sdist_and_wheel(src, tmp_path):
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(f'fastai_xla-{VERSION}.dist-info/METADATA').decode()
     assert f'Version: {VERSION}' in meta and 'Requires-Dist: fastai' in meta and 'Provides-Extra: tpu' in meta
+    check_extras_as_the_readme_names_them(meta)
     py2 = fresh_venv(tmp_path/'venv2')                           # the wheel alone, in a new environment
     run(py2, '-m', 'pip', 'install', '-q', '--no-deps', wheel)
     assert installed(py2, tmp_path)[:2] == (VERSION, VERSION)

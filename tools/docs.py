@@ -12,7 +12,9 @@
    notebook is rendered here with nbconvert (the same cells, with Quarto's cell options `echo`, `output` and
    `include` applied), with the sidebar of nbs/sidebar.yml.
 3. Checks: every notebook in nbs/ has a page, named in the sidebar, with its title, and every name of the
-   module's `__all__` has its `show_doc` on the module's page. Exits 1 with what is missing."""
+   module's `__all__` has its `show_doc` on the module's page; every link between the site's pages reaches a page
+   that exists, and its anchor (`page.html#anchor`) an element of that page; every parameter of `launch`, `to_xla`,
+   `to_tpu_distributed` and `to_tpu_spmd` has its comment. Exits 1 with what is missing."""
 import ast, html, json, os, re, shutil, subprocess, sys, warnings
 from pathlib import Path
 import yaml
@@ -42,8 +44,9 @@ def front_matter(nb) -> dict:
 def page_name(nb_path:Path, nb) -> str: return front_matter(nb).get('output-file', nb_path.stem + '.html')
 
 def slug(heading:str) -> str:
-    "Quarto's and GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."
-    return re.sub(r'\s+', '-', re.sub(r'[^\w\s-]', '', heading.strip().lower()))
+    "Quarto's (pandoc's) anchor for a heading: markup dropped, lower case, punctuation but `_-.` dropped, spaces as hyphens."
+    text = re.sub(r'<[^>]+>|[`*]', '', re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', heading))
+    return re.sub(r'\s+', '-', re.sub(r'[^\w\s.-]', '', text.strip().lower())).lstrip('0123456789-.')
 
 def cell_options(src:str):
     "Quarto's `#| key: value` options at the top of a code cell, and the code without them."
@@ -153,6 +156,39 @@ def check_site(sections:list) -> list:
                 if not re.search(rf'<h[1-6][^>]*>\s*(?:<[^>]+>)*\s*{re.escape(n)}\b', text): problems.append(f'{page.name}: no show_doc for {n}')
     return problems
 
+DOCUMENTED = ['fastai_xla.launch:Learner.launch', 'fastai_xla.callback:Learner.to_xla',
+              'fastai_xla.distributed:Learner.to_tpu_distributed', 'fastai_xla.spmd:Learner.to_tpu_spmd']
+
+def undocumented_parameters() -> list:
+    "Every parameter of the entry points users call (`DOCUMENTED`) without its comment (fastcore's `docments`, as show_doc shows them)."
+    import importlib
+    from fastcore.docments import docments
+    missing = []
+    for name in DOCUMENTED:
+        module, _, attr = name.partition(':')
+        importlib.import_module(module)
+        from fastai.learner import Learner
+        f = getattr(Learner, attr.split('.')[1])
+        missing += [f'{attr}({p}): no comment' for p, doc in docments(f, args_kwargs=True).items() if p not in ('self', 'return') and not doc]
+    return missing
+
+def page_ids(text:str) -> set: return set(html.unescape(i) for i in re.findall(r'\bid="([^"]+)"', text))
+
+def broken_links() -> list:
+    "Every link of a page of _docs/ to a page of the site (or an anchor of its own page) that does not exist: `page: href`."
+    pages = {p.name: p.read_text() for p in DOCS.glob('*.html')}
+    ids = {name: page_ids(text) for name, text in pages.items()}
+    broken = []
+    for name, text in sorted(pages.items()):
+        for href in sorted(set(html.unescape(h) for h in re.findall(r'\bhref="([^"]+)"', text))):
+            if re.match(r'^[a-z]+:|^//', href) or href.endswith('.css'): continue        # other sites, mail, styles
+            target, _, anchor = href.partition('#')
+            target = target or name
+            if target not in pages:
+                if not (DOCS/target).exists(): broken.append(f'{name}: {href} (no page {target})')
+            elif anchor and anchor not in ids[target]: broken.append(f'{name}: {href} (no anchor #{anchor} in {target})')
+    return broken
+
 if __name__ == '__main__':
     process_notebooks()
     sections = yaml.safe_load((NBS/'sidebar.yml').read_text())['website']['sidebar']['contents']
@@ -163,5 +199,8 @@ if __name__ == '__main__':
         print('docs: Quarto is not installed here: rendering the processed notebooks with nbconvert', file=sys.stderr)
         render_with_nbconvert(sections)
     problems = check_site(sections)
+    broken = broken_links()
+    problems += [f'a broken link: {b}' for b in broken] + undocumented_parameters()
     if problems: sys.exit('docs: the site is incomplete:\n  ' + '\n  '.join(problems))
-    print(f'docs: {len(list(DOCS.glob("*.html")))} pages in {DOCS}')
+    links = sum(len(re.findall(r'\bhref="', p.read_text())) for p in DOCS.glob('*.html'))
+    print(f'docs: {len(list(DOCS.glob("*.html")))} pages in {DOCS}, {links} links checked, none broken')

@@ -20,7 +20,7 @@ __all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_ve
            'n_batches', 'shard_idxs', 'background', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches',
            'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over',
            'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
-           'replica_local_loaders', 'XLADataLoader', 'trim_batch']
+           'replica_local_loaders', 'check_a_batch_each', 'XLADataLoader', 'trim_batch']
 
 # %% ../nbs/02_data.ipynb #44f17ae2
 def register_device_tfm(cls, run=None, xla_mixin=None):
@@ -231,7 +231,19 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #6aeaadd7
+# %% ../nbs/02_data.ipynb #e99a45c1
+def check_a_batch_each(dl):
+    "Refuse a loader `dl` (an `XLADataLoader`) whose items, shared out between the replicas, leave a replica without one whole batch where it drops the last one."
+    n, replicas, bs = dl.source.n, dl.world_size, dl.bs
+    if dl.pad or n == 0 or len(dl) > 0: return
+    each = n // replicas
+    fixes = ([f"a batch size of at most {each} (`bs=` when you build the DataLoaders, or `dls.train.bs = {each}`)"] if each else []) \
+            + [f"at most {max(1, n // bs)} replica(s)" if n >= bs else f"at most {n} replica(s) with a smaller batch size", "more items"]
+    raise ValueError(f"The training loader has {n} items: shared out between {replicas} replica(s), each gets {each}, fewer than "
+                     f"the batch size {bs}, and the loader drops an incomplete last batch (drop_last=True): no replica would take "
+                     f"a training step. Use " + ', or '.join(fixes) + ".")
+
+# %% ../nbs/02_data.ipynb #385fca42
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -263,6 +275,7 @@ class XLADataLoader(GetAttr):
         self.device = device or xla_device()
         if prefetch is None: self.prefetch = 0 if device_kind() == 'CPU' else 2   # see "The background copy"
         self.epoch, self.pad = 0, not dl.drop_last
+        check_a_batch_each(self)
         self.skip = self.skipped = self.position = 0   # see "A resumed epoch"
         cpu_fs, dev_fs = split_batch_tfms(getattr(dl, 'after_batch', None), batch_tfms_on)
         self.cpu_tfms = Pipeline(cpu_fs) if dev_fs else None   # None: keep the loader's own after_batch

@@ -72,9 +72,11 @@ def _restore_smooth_loss(learn, s):
         if run is not None: sl.device, sl.beta_pow = run.device, to_xla(torch.tensor(sl.beta ** sl.count), run.device)
         sl._value = None
 
-# %% ../nbs/05a_resume.ipynb #722e64af
+# %% ../nbs/05a_resume.ipynb #cf67107f
 def _loader_positions(learn) -> list:
-    return [dict(epoch=getattr(dl, 'epoch', None), seed=getattr(dl, 'seed', None)) for dl in learn.dls.loaders]
+    "Each loader's epoch and seed (its order), batch size and number of items (the share of an epoch a batch holds)."
+    return [dict(epoch=getattr(dl, 'epoch', None), seed=getattr(dl, 'seed', None), bs=getattr(dl, 'bs', None),
+                 items=getattr(getattr(dl, 'source', dl), 'n', None)) for dl in learn.dls.loaders]
 
 @patch
 def save_resume(self:Learner, file, next_epoch:int, batch:int=0):
@@ -89,7 +91,7 @@ def save_resume(self:Learner, file, next_epoch:int, batch:int=0):
         every_replica=replicas, loaders=_loader_positions(self), history=recorder_history(self),
         **host_state(self.model, self.opt, with_opt=True)))
 
-# %% ../nbs/05a_resume.ipynb #7f02492d
+# %% ../nbs/05a_resume.ipynb #0e02e43b
 class ResumeWhereStopped(Callback):
     "One fit's callback, added by `load_resume`: start the fit inside the epoch where the run stopped, its history restored."
     order = 51   # after the Recorder's
@@ -100,11 +102,30 @@ class ResumeWhereStopped(Callback):
             raise ValueError(f"{self.path} was written by a fit of {want} epochs, and this fit has {self.n_epoch}: its schedule "
                              f"would not continue where the run stopped. Resume with the same fit call ({want} epochs), "
                              f"or start afresh without `load_resume` (or after deleting {self.path}).")
+        self.skip = self._batches_done_here(self.state.get('batch', 0))
+    def _batches_done_here(self, done:int) -> int:
+        "The batches of this run's training loader that hold what the checkpoint's run trained in `done` batches of its own."
+        saved = (self.state.get('loaders') or [{}])[0]
+        if not done or not saved.get('bs'): return done
+        dl, epoch = self.dls.train, self.state['next_epoch']
+        items, bs = getattr(getattr(dl, 'source', dl), 'n', None), getattr(dl, 'bs', None)
+        if saved.get('items') is not None and items != saved['items']:
+            raise ValueError(f"{self.path} stopped {done} batches into epoch {epoch} of a training set of {saved['items']} items, "
+                             f"and this run's has {items}: the rest of that epoch's order would differ (items trained twice or never). "
+                             f"Resume with the same training data, or start afresh (without `load_resume`, or after deleting {self.path}).")
+        if bs == saved['bs']: return done
+        trained = done * saved['bs']                      # items of each replica's share, in the epoch's order: the same prefix
+        if trained % bs:
+            fits = [b for b in range(bs, 0, -1) if trained % b == 0][:3]
+            raise ValueError(f"{self.path} stopped after {done} batches of {saved['bs']} in epoch {epoch} ({trained} items per "
+                             f"replica), and this run's batch size is {bs}: {trained} items are not a whole number of its batches. "
+                             f"Resume with a batch size that divides {trained} (such as {', '.join(map(str, fits))}), or {saved['bs']}.")
+        return trained // bs
     def before_epoch(self):
         if self.epoch == self.state['next_epoch']: restore_history(self.learn, self.state['history'])
     def before_train(self):
         if self.epoch != self.state['next_epoch']: return
-        done = self.state.get('batch', 0)
+        done = self.skip
         if done:
             if not hasattr(self.dl, 'skip'):
                 raise ValueError(f"{self.path} stopped {done} batches into epoch {self.epoch}, and this learner's training loader "

@@ -13,7 +13,8 @@ from .settings import current_backend
 __all__ = ['module_versions', 'callback_versions', 'metric_versions', 'transform_versions', 'XLA_FEATURES', 'xla_device',
            'device_kind', 'is_xla', 'off_host', 'check_autograd', 'step_boundary', 'tensors_in', 'map_tensors',
            'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version',
-           'fastai_version', 'VersionTable', 'load_features', 'model_on_xla', 'xla_counters', 'counters_diff']
+           'fastai_version', 'VersionTable', 'load_features', 'model_on_xla', 'checked_seed', 'xla_counters',
+           'counters_diff']
 
 # %% ../nbs/00_core.ipynb #4ab70f06
 def xla_device() -> torch.device:
@@ -200,6 +201,13 @@ def model_on_xla(model):
     "Make every module of `model` that has an XLA version (`module_versions`) that version, in place (an XLA learner does it to its model through its record of changes)."
     for m in model.modules(): module_versions.make(m)
     return model
+
+# %% ../nbs/00_core.ipynb #c49552fa
+def checked_seed(seed, where:str='seed'):
+    "`seed` if it is `None` or an integer, else a `TypeError` saying what to pass."
+    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)): return seed
+    hint = f" (`{where}={int(seed)}`)" if isinstance(seed, str) and seed.strip().lstrip('-').isdigit() else ''
+    raise TypeError(f"{where} must be an integer or None, not {seed!r} ({type(seed).__name__}): pass an int{hint}.")
 
 # %% ../nbs/00_core.ipynb #18d04a13
 def xla_counters() -> dict:

@@ -243,7 +243,7 @@ def check_a_batch_each(dl):
                      f"the batch size {bs}, and the loader drops an incomplete last batch (drop_last=True): no replica would take "
                      f"a training step. Use " + ', or '.join(fixes) + ".")
 
-# %% ../nbs/02_data.ipynb #385fca42
+# %% ../nbs/02_data.ipynb #db6804ae
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -267,7 +267,7 @@ class XLADataLoader(GetAttr):
         if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
             raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
                              f"(got bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}).")
-        if seed is None: seed = random.randint(0, 2**31)
+        if checked_seed(seed) is None: seed = random.randint(0, 2**31)
         if cache_items: check_cacheable(dl)
         store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items,seq_buckets,replica_local')
         self.source = replica_source(dl, world_size)   # the loader whose items are shared out (usually `dl`)

@@ -17,7 +17,7 @@ from .dist import watch_parent
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
            'ReplicasDiverged', 'master_gone_message', 'tell_failure', 'TellingFailures']
 
-# %% ../nbs/00b_run.ipynb #d949acfd
+# %% ../nbs/00b_run.ipynb #103891fe
 def new_run_id() -> str: return uuid.uuid4().hex[:16]
 
 class Run:
@@ -29,7 +29,7 @@ class Run:
         self.collectives = (Collectives() if alone else early if early is not None and getattr(early, 'settings', None) == self.settings
                             else self.backend.collectives(self.settings))
         self.device = device if device is not None else self.backend.runtime.device()
-        self.run_id, self.seed, self.started = run_id or new_run_id(), seed, time.time()
+        self.run_id, self.seed, self.started = run_id or new_run_id(), checked_seed(seed), time.time()
         self.store, self.meetings, self.votes, self.saves, self.watchdog = None, 0, 0, {}, None
 
     def enter(self) -> Run:
@@ -86,6 +86,7 @@ class Run:
 
     def agree(self, seed:int|None=None):
         "Every replica takes the master's run id and seed (`seed`, else one the master draws from Python's `random`, which `set_seed` seeds)."
+        seed = checked_seed(seed)
         self.run_id, self.seed = self.broadcast_object((new_run_id(), random.randint(0, 2**31) if seed is None else seed),
                                                        tag='fastai_xla run id and seed')
         return self

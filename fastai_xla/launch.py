@@ -24,7 +24,7 @@ from .resume import recorder_history, restore_history, rng_states, set_rng_state
 from .distributed import *
 
 # %% auto #0
-__all__ = ['RelayProgressCallback']
+__all__ = ['RelayProgressCallback', 'remove_stale_jobs']
 
 # %% ../nbs/04a_launch.ipynb #4b58d109
 class _EventLog:
@@ -170,7 +170,7 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #05fb43ba
+# %% ../nbs/04a_launch.ipynb #0ecfb2be
 def _write_job(job_dir, job):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
@@ -203,14 +203,18 @@ def launch(self:Learner,
     dl_kwargs = dict(dl_kwargs or {})
     if dl_kwargs.get('seed') is None: dl_kwargs['seed'] = random.randint(0, 2**31)
     job = (self, train, args, kwargs, dl_kwargs, rng_states())
+    remove_stale_jobs()
     job_dir, ok = Path(tempfile.mkdtemp(prefix='fastai_xla-')), False
+    (job_dir/'owner').write_text(str(os.getpid()))
     try:
         out = self._launch_job(job_dir, job, launcher, nprocs, method, settings.fault_grace)
         ok = True
         return out
     finally:
         if ok or not keep_failed_job: shutil.rmtree(job_dir, ignore_errors=True)
-        else: print(f'fastai_xla: the failed launch\'s files (job, events, tracebacks) are kept in {job_dir}', file=sys.stderr)
+        else:
+            (job_dir/'owner').unlink(missing_ok=True)           # (kept: no stale folder for the next launch to remove)
+            print(f'fastai_xla: the failed launch\'s files (job, events, tracebacks) are kept in {job_dir}', file=sys.stderr)
 
 @patch
 def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, grace):
@@ -271,3 +275,20 @@ def _load_launch_result(self:Learner, result):
         if self.opt is None: self.create_opt()
         self.opt.load_state_dict(state['opt'])
     restore_history(self, result['recorder'])
+
+# %% ../nbs/04a_launch.ipynb #25e454ee
+def _pid_alive(pid:int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+def remove_stale_jobs(where=None) -> list:
+    "Remove the job folders of launches whose launching process is gone (killed before it could); return them."
+    removed = []
+    for d in Path(where or tempfile.gettempdir()).glob('fastai_xla-*'):
+        try: owner = int((d/'owner').read_text())
+        except (OSError, ValueError): continue
+        if owner != os.getpid() and not _pid_alive(owner):
+            shutil.rmtree(d, ignore_errors=True); removed.append(d)
+    return removed

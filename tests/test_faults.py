@@ -169,3 +169,44 @@ def test_a_bad_backend_name_is_named(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_BACKEND': 'jax'})
     assert r.returncode != 0 and "FASTAI_XLA_BACKEND='jax'" in r.stderr, r.stderr[-3000:]
     fault_row('`FASTAI_XLA_BACKEND=jax`', f"`{r.stderr.strip().splitlines()[-1][:90]}...`", 0, 'nothing (nothing ran)')
+
+ORPHANED = """
+import os, time
+from helpers import *
+from fastai_xla.launch import *
+def train(learn):
+    Path(f'replica-{replica_ordinal()}.pid').write_text(str(os.getpid()))
+    learn.fit(50, 1e-3)                  # long: the launcher dies first
+if __name__ == '__main__':
+    learn = digits_learner(bs=32)
+    learn.launch(train, nprocs=2, transport='gloo')
+"""
+
+def _alive(pid:int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    try: return Path(f'/proc/{pid}/stat').read_text().split(')')[1].split()[0] != 'Z'   # (a zombie has ended)
+    except OSError: return False
+
+def test_a_killed_launcher_leaves_no_replica_running(tmp_path):
+    """The process that called `learn.launch` is SIGKILLed (a restarted notebook kernel, a stopped Kaggle session): its
+    replicas, re-parented, notice within a second and end; the job folder it left is removed by the next launch
+    (`04a_launch`'s `remove_stale_jobs`, tested there)."""
+    (tmp_path/'launch.py').write_text(f'import sys; sys.path.insert(0, {str(TESTS)!r})\n' + ORPHANED)
+    launcher = subprocess.Popen([sys.executable, 'launch.py'], cwd=tmp_path, stdout=open(tmp_path/'out.txt', 'w'),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 240
+    while len(list(tmp_path.glob('replica-*.pid'))) < 2 and time.time() < deadline and launcher.poll() is None: time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob('replica-*.pid')]
+    assert len(pids) == 2, (tmp_path/'out.txt').read_text()[-3000:]
+    time.sleep(1)
+    killed = time.time()
+    launcher.kill(); launcher.wait()
+    while any(map(_alive, pids)) and time.time() - killed < 30: time.sleep(0.2)
+    seconds = time.time() - killed
+    left = [p for p in pids if _alive(p)]
+    for p in left: os.kill(p, signal.SIGKILL)
+    assert not left, f'replicas {left} still run {seconds:.0f} s after their launcher was killed'
+    fault_row('the process that called `learn.launch` killed (SIGKILL: a restarted kernel, a stopped session)',
+              'every replica ends: `fastai_xla: this replica (pid ...) stops: the process that started it (pid ...) is gone.`; '
+              'the next launch removes the job folder it left', seconds, 'the launch in progress (resume from the last checkpoint)')

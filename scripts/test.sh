@@ -13,8 +13,12 @@
 #   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
 # Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native, on the CPU with gloo).
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
-# Extra arguments go to every pytest run.
+# `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
+# what covers it in the default run) and the native backend's whole files, about 40 minutes more; the default run is CI's,
+# within 50 minutes on a fresh clone. Other arguments go to every pytest run.
 set -euo pipefail
+ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi
+SLOW_TESTS=$([ $ALL = 1 ] && echo "" || echo " and not slow")
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 times=()
 lap() { times+=("$1: $(( (SECONDS - lap_start) / 60 )) min $(( (SECONDS - lap_start) % 60 )) s"); lap_start=$SECONDS; }
@@ -35,11 +39,13 @@ ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
 lap "stack 1 notebooks"
 echo "== 1. $(stack .venv): pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks" "$@" tests
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" "$@" tests
 lap "stack 1 pytest"
 echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
-FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks" "$@" tests/test_single_device.py tests/test_replicas.py \
-    tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py tests/test_readme.py tests/test_preemption.py
+# (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files)
+FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" \
+    tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py \
+    tests/test_readme.py tests/test_preemption.py
 lap "stack 1 native backend"
 echo "== 1. $(stack .venv): the docs site"
 PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
@@ -48,11 +54,11 @@ lap "stack 1 docs"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, two at a time"
 .venv-colab/bin/python -m pytest -n 2 -m notebooks "$@" tests/test_notebooks.py
 echo "== 2. $(stack .venv-colab): pytest, what differs between the stacks and what fastai's version decides"
-.venv-colab/bin/python -m pytest -m "(stacks or fastai_version) and not notebooks" "$@" tests
+.venv-colab/bin/python -m pytest -m "(stacks or fastai_version) and not notebooks$SLOW_TESTS" "$@" tests
 lap "stack 2 (Colab)"
 
 echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
-.venv-kaggle/bin/python -m pytest -m stacks "$@" tests
+.venv-kaggle/bin/python -m pytest -m "stacks$SLOW_TESTS" "$@" tests
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 lap "stack 3 (Kaggle)"

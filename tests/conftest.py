@@ -8,6 +8,8 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'notebooks: executes the notebooks in nbs/ (the first pass of scripts/test.sh runs them with nbdev_test instead)')
     config.addinivalue_line('markers', 'stacks: what differs between the supported stacks (torch_xla, Python, packaging): run on every stack')
     config.addinivalue_line('markers', "fastai_version: what fastai's version decides beyond `stacks`: run on the newest fastai (Colab's stack) too")
+    config.addinivalue_line('markers', "slow: left to `bash scripts/test.sh --all` (tests/conftest.py's SLOW says why and what covers it in the default run)")
+    config.addinivalue_line('markers', "native: run again on the native backend by scripts/test.sh (tests/conftest.py's NATIVE)")
 
 @pytest.fixture(scope='session', autouse=True)
 def xla_first():
@@ -45,6 +47,28 @@ ON_NEWEST_FASTAI = {  # and what fastai's version decides (its private API, data
     'test_notebook_launch.py': None,         # launching from a notebook's kernel: what a Colab user does
 }
 
+# What `bash scripts/test.sh` (CI's run, within its 50-minute budget) leaves to `bash scripts/test.sh --all`: the slowest
+# end-to-end runs, each with what covers its code paths in the default run. Not skipped: deselected there, run by --all.
+SLOW = {
+    'test_architectures.py': {'*': "every module's XLA version: nbs/13_models; the whole table: benchmarks/architectures.py"},
+    'test_examples.py': {'test_fastai_imagenette_script_ported_to_xla': "xresnet, ranger, MixUp, label smoothing: test_fastai_features.py, 13_models",
+                         'test_fastai_imdb_script_ported_to_xla': 'AWD_LSTM classifier and fine_tune: test_text.py, nbs/11_text'},
+    'test_spmd.py': {'test_spmd_trains_like_one_device[tabular]': 'SPMD on the digits images: the [digits] case',
+                     'test_sharded_parameters_train_like_replicated': 'shard_params: nbs/08_spmd'},
+    'test_pod.py': {'*': "replicas' local ranks, shards, checkpoints and resume: test_replicas.py, test_checkpoint.py "
+                         "(each host writes its own checkpoint), test_preemption.py"},
+    'test_applications.py': {'test_image_folder_with_aug_transforms_on_two_replicas': 'device batch transforms: [on_the_device]; replicas: test_replicas.py'},
+    'test_replicas.py': {'test_segmentation_metrics_summed_over_two_replicas_equal_one_device': "replicas' exact metrics: test_metrics_equal_one_device_for_the_same_weights; segmentation metrics: test_applications.py"},
+    'test_single_device.py': {f'test_no_hyper_parameter_value_compiles_late[{k}]': 'the sweep\'s other cases, and test_fastai_schedules_compile_in_the_first_epoch_only'
+                              for k in ('wd0.0-fit_one_cycle-0', 'wd0.0001-fit_flat_cos-1', 'wd0.1-fit_flat_cos-5', 'wd1.0-fit_one_cycle-4')},
+}
+SLOW['test_readme.py'] = {
+    'test_readme_snippet_runs_as_written[script]': 'spawn, to_tpu_distributed, an image folder with aug_transforms: test_launch.py (the script form), test_applications.py, the Kaggle stack\'s demo',
+    'test_readme_snippet_runs_as_written[notebook]': 'learn.launch from a notebook: test_notebook_launch.py, test_tpu_path.py (8 replicas), 04a_launch',
+    'test_readme_snippet_runs_as_written[spmd]': 'to_tpu_spmd: test_spmd.py (the same calls on the digits)'}
+SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
+                             "classifier and language model on the XLA device), in the default run and on Colab's stack"}
+
 # Run again on the native backend (`FASTAI_XLA_BACKEND=native`: the CPU, replicas over gloo) by scripts/test.sh: the files
 # below, as they are, but these tests, which count what only torch_xla has (compiled graphs, traced XLA operations,
 # device reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
@@ -56,6 +80,18 @@ TORCH_XLA_ONLY = {
         'test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches', 'test_no_hyper_parameter_value_compiles_late',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own'],
     'test_launch.py': ['test_launch_refuses_when_the_runtime_is_already_running'],
+}
+# The tests scripts/test.sh runs again on the native backend (the whole files with `--all`): learning, replicas, checkpoints,
+# a launch and a preemption, the torch.distributed paths the native backend has of its own.
+NATIVE_TESTS = {
+    'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_tabular_with_embeddings_matches_eager_cpu',
+                              'test_accum_metrics_are_exact', 'test_save_load_then_fit', 'test_gradient_accumulation_steps_every_other_batch'],
+    'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
+                         'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
+                         'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback'],
+    'test_checkpoint.py': ['test_save_on_the_master_only_neither_hangs_nor_breaks_load'],
+    'test_launch.py': ['test_launch_a_function_defined_in_main[gloo-2-fork]'],
+    'test_preemption.py': ['test_two_replicas_stop_after_the_same_step_and_resume'],
 }
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
 
@@ -70,12 +106,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if NATIVE and item.originalname in (TORCH_XLA_ONLY.get(item.path.name) or []):
             item.add_marker(pytest.mark.skip(reason="counts or refuses what only torch_xla has (tests/conftest.py's TORCH_XLA_ONLY)"))
+        if '*' in SLOW.get(item.path.name, {}) or item.name in SLOW.get(item.path.name, {}): item.add_marker(pytest.mark.slow)
+        if _listed(item, NATIVE_TESTS): item.add_marker(pytest.mark.native)
         if _listed(item, ON_EVERY_STACK): item.add_marker(pytest.mark.stacks)
         if _listed(item, ON_NEWEST_FASTAI): item.add_marker(pytest.mark.fastai_version)
     # a name in the tables above that no longer names a test would quietly leave it untested on the image stacks
     collected = {}
     for item in items: collected.setdefault(item.path.name, set()).add(item.name)
-    for table in (ON_EVERY_STACK, ON_NEWEST_FASTAI):
+    slow_names = {f: [n for n in names if n != '*'] for f, names in SLOW.items()}
+    for table in (ON_EVERY_STACK, ON_NEWEST_FASTAI, NATIVE_TESTS, slow_names):
         for file, names in table.items():
             whole_file = file in collected and not config.option.keyword and not any('::' in a for a in config.args)
             missing = set(names or []) - collected[file] if whole_file else set()

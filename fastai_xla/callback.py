@@ -234,7 +234,7 @@ class CastToPlainTensor(CastToTensor):
     "fastai's `CastToTensor` without a cast of plain tensors."
     def before_batch(self): self.learn.xb, self.learn.yb = map_tensors(plain_tensor, (self.learn.xb, self.learn.yb))
 
-# %% ../nbs/03_callback.ipynb #ca38c563
+# %% ../nbs/03_callback.ipynb #64870c55
 def _flat_target(loss, inp, targ):
     "The target fastai's `BaseLoss` would hand the torch loss, when all it does to `inp` is nothing (a `(n, c)` XLA prediction, class axis last) and `targ` is `n` integer labels, `(n,)` or `(n, 1)`; else `None`."
     if not (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and is_xla(inp) and inp.ndim == 2
@@ -245,7 +245,7 @@ def _flat_target(loss, inp, targ):
     return targ if targ.ndim == 1 else targ.view(-1)
 
 class FlatLossOnXLA(XLAVersion):
-    "The XLA version of fastai's losses: for an XLA `(n, c)` prediction and `n` integer labels, the torch loss directly (see `_flat_target`)."
+    "The XLA version of fastai's losses: for an XLA `(n, c)` prediction and `n` integer labels, the torch loss directly (see _flat_target)."
     def __call__(self, inp, targ, **kwargs):
         flat = _flat_target(self, inp, targ)
         if flat is not None: return self.func(inp, flat, **kwargs)

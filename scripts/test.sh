@@ -54,11 +54,11 @@ lap "stack 1 docs"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, two at a time"
 .venv-colab/bin/python -m pytest -n 2 -m notebooks "$@" tests/test_notebooks.py
 echo "== 2. $(stack .venv-colab): pytest, what differs between the stacks and what fastai's version decides"
-.venv-colab/bin/python -m pytest -m "(stacks or fastai_version) and not notebooks$SLOW_TESTS" "$@" tests
+.venv-colab/bin/python -m pytest -n 2 --dist loadfile -m "(stacks or fastai_version) and not notebooks$SLOW_TESTS" "$@" tests
 lap "stack 2 (Colab)"
 
 echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
-.venv-kaggle/bin/python -m pytest -m "stacks$SLOW_TESTS" "$@" tests
+.venv-kaggle/bin/python -m pytest -n 2 --dist loadfile -m "stacks$SLOW_TESTS" "$@" tests
 echo "== 3. $(stack .venv-kaggle): the demo"
 .venv-kaggle/bin/python examples/train_digits.py --epochs 3
 lap "stack 3 (Kaggle)"

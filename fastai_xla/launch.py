@@ -24,7 +24,7 @@ from .resume import recorder_history, restore_history, rng_states, set_rng_state
 from .distributed import *
 
 # %% auto #0
-__all__ = ['RelayProgressCallback', 'remove_stale_jobs']
+__all__ = ['RelayProgressCallback', 'pid_alive', 'remove_stale_jobs']
 
 # %% ../nbs/04a_launch.ipynb #4b58d109
 class _EventLog:
@@ -276,12 +276,14 @@ def _load_launch_result(self:Learner, result):
         self.opt.load_state_dict(state['opt'])
     restore_history(self, result['recorder'])
 
-# %% ../nbs/04a_launch.ipynb #25e454ee
-def _pid_alive(pid:int) -> bool:
+# %% ../nbs/04a_launch.ipynb #8c18bcde
+def pid_alive(pid:int) -> bool:
+    "Is process `pid` running (a zombie, ended but not yet reaped, is not)?"
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: return True
-    return True
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError): return True           # (no /proc: it answered the signal)
 
 def remove_stale_jobs(where=None) -> list:
     "Remove the job folders of launches whose launching process is gone (killed before it could); return them."
@@ -289,6 +291,6 @@ def remove_stale_jobs(where=None) -> list:
     for d in Path(where or tempfile.gettempdir()).glob('fastai_xla-*'):
         try: owner = int((d/'owner').read_text())
         except (OSError, ValueError): continue
-        if owner != os.getpid() and not _pid_alive(owner):
+        if owner != os.getpid() and not pid_alive(owner):
             shutil.rmtree(d, ignore_errors=True); removed.append(d)
     return removed

@@ -182,12 +182,6 @@ if __name__ == '__main__':
     learn.launch(train, nprocs=2, transport='gloo')
 """
 
-def _alive(pid:int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    try: return Path(f'/proc/{pid}/stat').read_text().split(')')[1].split()[0] != 'Z'   # (a zombie has ended)
-    except OSError: return False
-
 def test_a_killed_launcher_leaves_no_replica_running(tmp_path):
     """The process that called `learn.launch` is SIGKILLed (a restarted notebook kernel, a stopped Kaggle session): its
     replicas, re-parented, notice within a second and end; the job folder it left is removed by the next launch
@@ -202,9 +196,9 @@ def test_a_killed_launcher_leaves_no_replica_running(tmp_path):
     time.sleep(1)
     killed = time.time()
     launcher.kill(); launcher.wait()
-    while any(map(_alive, pids)) and time.time() - killed < 30: time.sleep(0.2)
+    while any(map(pid_alive, pids)) and time.time() - killed < 30: time.sleep(0.2)
     seconds = time.time() - killed
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if pid_alive(p)]
     for p in left: os.kill(p, signal.SIGKILL)
     assert not left, f'replicas {left} still run {seconds:.0f} s after their launcher was killed'
     fault_row('the process that called `learn.launch` killed (SIGKILL: a restarted kernel, a stopped session)',

@@ -86,7 +86,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #c17a98e0
+# %% ../nbs/04a_launch.ipynb #372f09d0
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -115,9 +115,10 @@ def _run_replica(job_dir):
             save_atomically(result, job_dir/'result.pth')
     except Preempted as e:                  # (every replica stops so, after the same step: not a failure)
         (job_dir/f'preempted-{_safe_ordinal()}.txt').write_text(str(e))
+        ended_with(e)                       # (the master waits for the others before it leaves: it serves their store)
         raise
     except BaseException as e:
-        tell_failure(e)                     # the others stop at once, wherever this failed (not only in `fit`)
+        ended_with(e)                       # the others stop at once, wherever this failed (not only in `fit`)
         ordinal = _safe_ordinal()
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e

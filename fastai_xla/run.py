@@ -15,7 +15,7 @@ from .dist import watch_parent
 
 # %% auto #0
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
-           'ReplicasDiverged', 'master_gone_message', 'tell_failure', 'TellingFailures']
+           'ReplicasDiverged', 'master_gone_message', 'ended_with', 'TellingFailures']
 
 # %% ../nbs/00b_run.ipynb #103891fe
 def new_run_id() -> str: return uuid.uuid4().hex[:16]
@@ -236,7 +236,7 @@ def _vote(self:Run, store, n:int, yes:bool, what:str) -> bool:
         for k in ('yes', 'came'): store.delete_key(f'vote/{n-2}/{k}')
     return store.add(f'vote/{n}/yes', 0) > 0
 
-# %% ../nbs/00b_run.ipynb #15d11f81
+# %% ../nbs/00b_run.ipynb #5aa7383b
 def _gone(store, rank:int, silence:float, heartbeat:float) -> bool:
     "Has replica `rank`, silent for `silence` seconds, gone without saying it finished?"
     return silence > heartbeat and not store.check([f'done/{rank}'])
@@ -289,17 +289,18 @@ def finish(self:Run):
                 time.sleep(0.05)
     except dist.DistError: pass                           # (the master, which serves the store, ended first)
 
-def tell_failure(e:BaseException):
-    "Tell the other replicas of this thread's run that this one failed with `e` (unless every replica raises it, as `Preempted`)."
+def ended_with(e:BaseException):
+    "This thread's replica's work ended with `e`: an end every replica reaches together (`Preempted`) is a normal finish (the master, which serves the store, waits for the others before it leaves); any other is told to the other replicas."
     run = this_thread.run
-    if run is None or run.store is None or getattr(e, 'every_replica_raises', False) or isinstance(e, ReplicasDiverged): return
-    run.tell(f"replica {run.ordinal} failed:\n{''.join(traceback.format_exception(e))}")
+    if run is None or run.store is None or isinstance(e, ReplicasDiverged): return
+    if getattr(e, 'every_replica_raises', False): run.finish()
+    else: run.tell(f"replica {run.ordinal} failed:\n{''.join(traceback.format_exception(e))}")
 
 class _TellingHook:
     "`sys.excepthook` of a replica process: an exception that ends the script is told to the other replicas, then shown as before."
     def __init__(self, previous): self.previous = previous
     def __call__(self, kind, e, tb):
-        tell_failure(e)
+        ended_with(e)
         self.previous(kind, e, tb)
 
 class TellingFailures:
@@ -309,7 +310,7 @@ class TellingFailures:
         if multiprocessing.parent_process() is not None: watch_parent()   # (a replica process of `xmp.spawn`'s)
         try: out = self.fn(*args, **kwargs)
         except BaseException as e:
-            tell_failure(e)
+            ended_with(e)
             raise
         if this_thread.run is not None: this_thread.run.finish()
         return out

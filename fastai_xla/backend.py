@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend', 'backend_named',
            'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #ddb3abc9
+# %% ../nbs/00_backend.ipynb #173bbd47
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -68,6 +68,9 @@ class Counters:
     def counters(self) -> dict:
         "`compiles`, `executions`, `to_host`, `to_device`."
         return dict(compiles=0, executions=0, to_host=0, to_device=0)
+    def seconds(self) -> dict:
+        "Seconds spent so far `compiling`, `waiting_for_device` (the host blocked on it), `executing` (the device busy), `transferring_in` (to the device): what the runtime measures; nothing where it does not."
+        return {}
     def fallback_counts(self) -> dict: "`{operation: count}` of operations that ran on the CPU instead of the device."; return {}
     def op_counts(self) -> dict: "`{operation: count}` of device operations traced so far."; return {}
     def graph_hlo(self, tensors:list) -> str: "The compiled program computing `tensors` (tests, the self-check)."; return ''

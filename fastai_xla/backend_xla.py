@@ -160,7 +160,7 @@ class XLASpawn(Launcher):
         import_torch_xla(); import torch_xla.distributed.xla_multiprocessing as xmp
         xmp.spawn(fn, args=tuple(args), nprocs=nprocs, start_method=start_method)
 
-# %% ../nbs/00d_backend_xla.ipynb #615c98f7
+# %% ../nbs/00d_backend_xla.ipynb #f1397c2d
 class XLACounters(Counters):
     "torch_xla's metrics and counters, its graphs, and its compile cache."
     _COUNTED = dict(compiles='CompileTime', executions='ExecuteTime', to_host='TransferFromDeviceTime', to_device='TransferToDeviceTime')
@@ -170,6 +170,13 @@ class XLACounters(Counters):
             data = _met().metric_data(name)
             res[k] = data[0] if data else 0
         return res
+    # the host waits for the device when it locks it for the next graph (the previous still running) and when it reads a value
+    _TIMED = dict(compiling=('CompileTime',), waiting_for_device=('DeviceLockWait', 'TransferFromDeviceTime'),
+                  executing=('ExecuteTime',), transferring_in=('TransferToDeviceTime',))
+    def seconds(self):
+        met = _met()
+        total = lambda name: (met.metric_data(name) or (0, 0.))[1] / 1e9      # (accumulated nanoseconds)
+        return {k: sum(map(total, names)) for k, names in self._TIMED.items()}
     def _named(self, prefix):
         met = _met()
         return {n: met.counter_value(n) for n in met.counter_names() if n.startswith(prefix)}

@@ -8,11 +8,11 @@ import os, glob, importlib, importlib.util, importlib.metadata
 import torch
 
 # %% auto #0
-__all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'SPMD', 'Loops', 'Backend', 'tpu_pci_devices',
-           'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend', 'backend_named',
-           'runtime_of']
+__all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops', 'Backend',
+           'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
+           'backend_named', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #173bbd47
+# %% ../nbs/00_backend.ipynb #eac1040e
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -79,6 +79,22 @@ class Counters:
         "Keep compiled programs in `path` across processes."
         raise ValueError("This backend has no compile cache of its own: leave `compile_cache` out.")
 
+class Profiler:
+    "A trace of what the host did (and the device, where the runtime records it) for TensorBoard's profile plugin: PyTorch's `torch.profiler` (TorchTPU takes it); torch_xla's backend has its own."
+    def start(self, folder):
+        "Start recording; return the session to `stop` (the trace goes to `folder`)."
+        import torch.profiler as tp
+        session = tp.profile(activities=[tp.ProfilerActivity.CPU], on_trace_ready=tp.tensorboard_trace_handler(str(folder)))
+        session.__enter__()
+        return session
+    def stop(self, session):
+        "Stop `session` and write its trace."
+        session.__exit__(None, None, None)
+    def span(self, name:str, step:int):
+        "A context manager marking step `step` of the phase `name` in the trace."
+        import torch.profiler as tp
+        return tp.record_function(f'{name} {step}')
+
 class SPMD:
     "One process driving every device of the host; the compiler splits each batch (torch_xla's SPMD)."
     def enabled(self) -> bool: "Is this process running in SPMD mode?"; raise NotImplementedError
@@ -97,11 +113,11 @@ class Loops:
         "The final carry and stacked outputs of the pure function `fn` over the first dimension of `xs`, as one loop."
         raise NotImplementedError
 
-# %% ../nbs/00_backend.ipynb #35dd3f18
+# %% ../nbs/00_backend.ipynb #f7b4acf2
 class Backend:
     "One device runtime: an object per role, and the backend's decisions about replicas."
     name, device_types = None, ()   # device_types: the `torch.device` types of its devices, but the host's ('cpu')
-    runtime:Runtime; counters:Counters = Counters(); spmd:SPMD|None = None; loops:Loops|None = None
+    runtime:Runtime; counters:Counters = Counters(); profiler:Profiler = Profiler(); spmd:SPMD|None = None; loops:Loops|None = None
     no_spmd = "This backend has no SPMD partitioner: train one replica per device with `to_tpu_distributed()`."   # (why `spmd` is None)
     @classmethod
     def runtime_for(cls, device_type:str) -> Runtime: "A runtime of this backend for tensors of `device_type` (to move them)."; raise NotImplementedError

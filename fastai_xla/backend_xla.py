@@ -12,7 +12,7 @@ from .dist import DistCollectives, ReplicaProcesses
 
 # %% auto #0
 __all__ = ['SUPPORTED_STACKS', 'check_torch_xla', 'choose_pjrt_device', 'import_torch_xla', 'XLARuntime', 'always_all_reduce',
-           'XLACollectives', 'XLASpawn', 'XLACounters', 'XLASPMD', 'build_loop', 'XLALoops', 'TorchXLA']
+           'XLACollectives', 'XLASpawn', 'XLACounters', 'XLAProfiler', 'XLASPMD', 'build_loop', 'XLALoops', 'TorchXLA']
 
 # %% ../nbs/00d_backend_xla.ipynb #fe4ae039
 # torch release -> (the torch_xla releases built for it, the torchvision release built for it)
@@ -72,7 +72,7 @@ def choose_pjrt_device(verbose=True) -> str:
         print("fastai_xla: no TPU found, using the CPU XLA device (PJRT_DEVICE=CPU).")
     return chosen
 
-# %% ../nbs/00d_backend_xla.ipynb #47ae2335
+# %% ../nbs/00d_backend_xla.ipynb #4701eb2b
 def import_torch_xla():
     "Check versions, choose the device, and return the `torch_xla` module (once per process: a module never changes)."
     if 'torch_xla' not in sys.modules or not getattr(import_torch_xla, 'checked', False):
@@ -97,6 +97,10 @@ def _xs():
 def _met():
     import_torch_xla(); import torch_xla.debug.metrics as met
     return met
+
+def _xp():
+    import_torch_xla(); import torch_xla.debug.profiler as xp
+    return xp
 
 def _C():
     "torch_xla's C++ extension."
@@ -187,6 +191,13 @@ class XLACounters(Counters):
     def compile_cache_started(self): return _C()._xla_computation_cache_is_initialized()
     def enable_compile_cache(self, path, readonly=False): _xr().initialize_cache(str(path), readonly=readonly)
 
+# %% ../nbs/00d_backend_xla.ipynb #3e2c008c
+class XLAProfiler(Profiler):
+    "torch_xla's profiler (`start_trace`/`stop_trace`), each span an `xp.Trace`."
+    def start(self, folder): _xp().start_trace(str(folder)); return str(folder)
+    def stop(self, session): _xp().stop_trace()
+    def span(self, name, step): return _xp().Trace(name, step_num=step)
+
 # %% ../nbs/00d_backend_xla.ipynb #8f6a900e
 class XLASPMD(SPMD):
     "torch_xla's SPMD partitioner."
@@ -257,11 +268,12 @@ class XLALoops(Loops):
         carry, ys = tuple(out[1:1 + len(init)]), tuple(out[1 + len(init) + len(xs):])
         return carry, ys[0] if one_y else ys
 
-# %% ../nbs/00d_backend_xla.ipynb #e6dc76a8
+# %% ../nbs/00d_backend_xla.ipynb #28ae4571
 class TorchXLA(Backend):
     "torch_xla's lazy tensors, PJRT runtime and collectives (torch_xla 2.8, 2.9)."
     name, device_types = 'torch_xla', ('xla',)
-    def __init__(self): self.runtime, self.counters, self.spmd, self.loops = XLARuntime(), XLACounters(), XLASPMD(), _loops
+    def __init__(self):
+        self.runtime, self.counters, self.profiler, self.spmd, self.loops = XLARuntime(), XLACounters(), XLAProfiler(), XLASPMD(), _loops
     @classmethod
     def runtime_for(cls, device_type): return XLARuntime()
     @classmethod

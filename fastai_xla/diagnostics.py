@@ -21,7 +21,7 @@ from .callback import finding_lr, on_xla_learner
 # %% auto #0
 __all__ = ['FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts', 'fallback_modules', 'XLAPerformanceWarning',
            'fallback_advice', 'epoch_clock', 'time_split', 'format_split', 'what_bounds', 'XLADiagnostics',
-           'add_diagnostics', 'enable_compile_cache']
+           'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
 
 # %% ../nbs/07_diagnostics.ipynb #e6c01dce
 def fallback_counts() -> dict:
@@ -250,3 +250,40 @@ def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=Fals
     path.mkdir(parents=True, exist_ok=True)
     counters.enable_compile_cache(path, readonly=readonly)
     return path
+
+# %% ../nbs/07_diagnostics.ipynb #a5964d61
+from fastcore.basics import store_attr
+
+class ProfileSteps(Callback):
+    "Trace training steps `skip`..`skip+steps` (and the validation batches between) into `learn.path/folder` for TensorBoard's profile plugin, on the master alone."
+    order, run_valid, session = -100, True, None      # (first at each batch: its span holds the others' work)
+    def __init__(self, folder='profile', skip:int=3, steps:int=5): store_attr()
+    def before_fit(self):
+        self._stop()                                 # (a fit that failed left its session open)
+        run = getattr(self.learn, 'xla_run', None)
+        self.here = run is None or run.is_master
+        self.profiler = (run.backend if run is not None else current_backend()).profiler
+        self.dir, self.seen, self.traced, self.span = Path(self.learn.path)/self.folder, 0, 0, None
+    def before_batch(self):
+        if not self.here: return
+        if self.training and self.session is None and self.traced == 0 and self.seen >= self.skip:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.session = self.profiler.start(self.dir)
+        if self.session is not None:
+            self.span = self.profiler.span('train_step' if self.training else 'valid_step', self.seen if self.training else self.iter)
+            self.span.__enter__()
+    def after_batch(self):
+        if not self.here: return
+        if self.span is not None: self.span.__exit__(None, None, None); self.span = None
+        if not self.training: return
+        self.seen += 1
+        if self.session is not None:
+            self.traced += 1
+            if self.traced >= self.steps: self._stop()
+    def after_fit(self): self._stop()
+    def _stop(self):
+        if self.session is None: return
+        session, self.session = self.session, None
+        self.profiler.stop(session)
+        print(f"fastai_xla: traced {self.traced} training steps (from step {self.seen - self.traced}) into {self.dir}: "
+              f"open it with `tensorboard --logdir {self.dir}` (the Profile tab; pip install tensorboard-plugin-profile)")

@@ -66,6 +66,9 @@ SLOW['test_readme.py'] = {
     'test_readme_snippet_runs_as_written[script]': 'spawn, to_tpu_distributed, an image folder with aug_transforms: test_launch.py (the script form), test_applications.py, the Kaggle stack\'s demo',
     'test_readme_snippet_runs_as_written[notebook]': 'learn.launch from a notebook: test_notebook_launch.py, test_tpu_path.py (8 replicas), 04a_launch',
     'test_readme_snippet_runs_as_written[spmd]': 'to_tpu_spmd: test_spmd.py (the same calls on the digits)'}
+SLOW['test_preemption.py'] = {
+    'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
+        "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
                              "classifier and language model on the XLA device), in the default run and on Colab's stack"}
 

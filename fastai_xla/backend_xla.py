@@ -164,7 +164,7 @@ class XLASpawn(Launcher):
         import_torch_xla(); import torch_xla.distributed.xla_multiprocessing as xmp
         xmp.spawn(fn, args=tuple(args), nprocs=nprocs, start_method=start_method)
 
-# %% ../nbs/00d_backend_xla.ipynb #f1397c2d
+# %% ../nbs/00d_backend_xla.ipynb #ccac5f85
 class XLACounters(Counters):
     "torch_xla's metrics and counters, its graphs, and its compile cache."
     _COUNTED = dict(compiles='CompileTime', executions='ExecuteTime', to_host='TransferFromDeviceTime', to_device='TransferToDeviceTime')
@@ -184,7 +184,8 @@ class XLACounters(Counters):
     def _named(self, prefix):
         met = _met()
         return {n: met.counter_value(n) for n in met.counter_names() if n.startswith(prefix)}
-    def fallback_counts(self): return self._named('aten::')
+    def fallback_counts(self):   # (`aten::_local_scalar_dense` is `.item()`: a device read, counted as one, not an op without a lowering)
+        return {k: v for k, v in self._named('aten::').items() if k != 'aten::_local_scalar_dense'}
     def op_counts(self): return self._named('xla::')
     def graph_text(self, tensors) -> str: "torch_xla's IR of the graph computing `tensors` (tests)."; return _C()._get_xla_tensors_text(list(tensors))
     def graph_hlo(self, tensors): return _C()._get_xla_tensors_hlo(list(tensors))

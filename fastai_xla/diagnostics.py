@@ -19,11 +19,11 @@ from .run import replica_ordinal
 from .callback import finding_lr, on_xla_learner
 
 # %% auto #0
-__all__ = ['FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts', 'fallback_modules', 'XLAPerformanceWarning',
-           'fallback_advice', 'epoch_clock', 'time_split', 'format_split', 'what_bounds', 'XLADiagnostics',
-           'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
+__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts',
+           'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'epoch_clock', 'time_split', 'format_split',
+           'what_bounds', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
 
-# %% ../nbs/07_diagnostics.ipynb #e6c01dce
+# %% ../nbs/07_diagnostics.ipynb #1ed61fd9
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     return current_backend().counters.fallback_counts()
@@ -51,9 +51,11 @@ def fallback_modules(model:nn.Module, *xb) -> dict:
     buffers = [(b, b.clone()) for b in model.buffers()]
     try:
         model.train()                               # (torch_xla's batch norm has no backward in eval mode)
-        out = model(*xb)
-        outs = [t for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
-        if outs and params: torch.autograd.grad(sum(t.float().sum() for t in outs), params, allow_unused=True)
+        with warnings.catch_warnings():             # (torch's "Full backward hook is firing": about the probe's hooks)
+            warnings.filterwarnings('ignore', message='Full backward hook')
+            out = model(*xb)
+            outs = [t for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
+            if outs and params: torch.autograd.grad(sum(t.float().sum() for t in outs), params, allow_unused=True)
         step_boundary()
     finally:
         for h in hooks: h.remove()
@@ -63,6 +65,10 @@ def fallback_modules(model:nn.Module, *xb) -> dict:
     return {names[m]: (m, ops) for m, ops in own.items()}
 
 class XLAPerformanceWarning(UserWarning): pass
+
+BATCH_EVENTS = ('before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step', 'after_step', 'after_batch')
+BETWEEN_EVENTS = {'before_batch': 'the loader (between batches)', 'after_pred': "the model's forward", 'after_loss': 'the loss function',
+                  'after_backward': 'the backward pass', 'after_step': "the optimizer's step"}   # (what runs before each event)
 
 FALLBACK_ADVICE = {   # an operation torch_xla does not lower -> what lowers instead
     'aten::adaptive_max_pool2d': "Use an output size that divides the input's (fastai's `AdaptiveConcatPool2d` to 1 lowers).",
@@ -123,7 +129,7 @@ def what_bounds(rows:list) -> str:
     which = f"epochs {steady[0]['epoch']}-{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #ee6a1cfc
+# %% ../nbs/07_diagnostics.ipynb #e3aab203
 class XLADiagnostics(Callback):
     "Per-epoch XLA counters; warns once per likely cause of a slow run."
     order, run_valid = 100, True
@@ -133,11 +139,13 @@ class XLADiagnostics(Callback):
         self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
         self.phases = set()    # the optimizer's step phases seen (`step_phase`: ranger's steps trace three graphs)
         self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit'
+        self.reads_at, self.probes, self.last_reads = {}, 0, None    # see "Which callback reads" below
     def before_epoch(self):
         self.c0, self.f0, self.batches = xla_counters(), fallback_counts(), {True: 0, False: 0}
         self.new_shapes, self.expected = 0, 0
         self.clock0 = epoch_clock(self.learn)
     def before_batch(self):
+        self._probe('before_batch')
         key = (self.training, _shapes(self.learn.xb))              # one graph per phase and input shapes
         if self.training and self.first_step is None: self.first_step = key   # a graph of its own: no optimizer state yet
         elif key not in self.seen:
@@ -151,6 +159,25 @@ class XLADiagnostics(Callback):
                 if self.phases and self.fit_epoch > 0: self.expected += 1   # the optimizer's own next graph
                 self.phases.add(phase)
         self.batches[self.training] += 1
+
+    # Which callback reads: the first `PROBED` training steps of a fit count the device reads between this callback's
+    # calls at each event of a step (it runs late at each: order 100), so a read is placed between two events.
+    PROBED = 20
+    def after_pred(self): self._probe('after_pred')
+    def after_loss(self): self._probe('after_loss')
+    def before_backward(self): self._probe('before_backward')
+    def after_backward(self): self._probe('after_backward')
+    def before_step(self): self._probe('before_step')
+    def after_step(self): self._probe('after_step')
+    def after_batch(self):
+        self._probe('after_batch')
+        if self.training and self.last_reads is not None: self.probes += 1
+    def _probe(self, event):
+        if not self.training or self.probes >= self.PROBED or self.fit_kind != 'fit':
+            self.last_reads = None; return
+        n = xla_counters()['to_host']
+        if self.last_reads is not None and n > self.last_reads: self.reads_at[event] = self.reads_at.get(event, 0) + n - self.last_reads
+        self.last_reads = n
 
     def after_fit(self): self.after_epoch()    # an epoch a cancel cut short (`lr_find` stops that way): recorded too
 
@@ -183,8 +210,8 @@ class XLADiagnostics(Callback):
         if row['to_host'] > max(16, row['batches'] // 2) and not (run.collectives.name == 'gloo' and run.count > 1):
             self._warn('reads', f"{row['to_host']} device-to-host transfers in epoch {row['epoch']} ({row['batches']} batches): "
                        "something reads a device value every batch (`.item()`, `float(t)`, `print(t)`, `.cpu()`, `if t > 0:`) in "
-                       "a callback, metric or model, and makes the host wait for the device each time. Keep values on the "
-                       "device and read them once per epoch.")
+                       "a callback, metric or model, and makes the host wait for the device each time." + self._readers() +
+                       " Keep values on the device and read them once per epoch.")
         if row['fallbacks'] and 'fallback' not in self.warned and run.is_master:
             names = ', '.join(f'{k} ({v}x)' for k, v in sorted(row['fallbacks'].items()))
             row['fallback_modules'] = self._fallback_modules()
@@ -192,6 +219,21 @@ class XLADiagnostics(Callback):
             self._warn('fallback', f"Operations without an XLA lowering ran on the CPU in epoch {row['epoch']}: {names}"
                        + (f", in the model's modules {where}" if where else " (outside the model: a loss, metric or callback)")
                        + ". Each one is a round trip between device and host, every step. " + fallback_advice(row['fallbacks']))
+
+    def _readers(self) -> str:
+        "Where the probed steps read the device most: ' They come ...' naming the step's part and the callbacks there, or ''."
+        if not self.reads_at or not self.probes: return ''
+        event, n = max(self.reads_at.items(), key=lambda kv: kv[1])
+        if n < self.probes: return ''                   # (not every step: no single place to name)
+        i = BATCH_EVENTS.index(event)
+        package = lambda cb: type(cb).__module__.split('.')[0]      # (fastai_xla's own read once per epoch: not named)
+        there = [cb for cb in self.learn.cbs.sorted('order') if package(cb) != 'fastai_xla' and type(cb).__name__ != 'XLADiagnostics'
+                 and ((hasattr(cb, event) and cb.order <= self.order) or (i > 0 and hasattr(cb, BATCH_EVENTS[i-1]) and cb.order > self.order))]
+        cbs = [type(cb).__name__ for cb in ([cb for cb in there if package(cb) != 'fastai'] or there)]   # (the user's first)
+        inside = BETWEEN_EVENTS.get(event)
+        return (f" They come before `{event}` ({n / self.probes:.0f} per step of the first {self.probes}): "
+                + (f"in a callback's `{event}`{f' or `{BATCH_EVENTS[i-1]}`' if i else ''} ({', '.join(cbs)})" if cbs else '')
+                + (' or ' if cbs and inside else '') + (f'in {inside}' if inside else '') + '.')
 
     def _fallback_modules(self):
         "Which modules of the model the fallbacks came from: a probe of one training batch (`fallback_modules`; every RNG kept)."

@@ -125,6 +125,8 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_disk):
     with pytest.raises(OSError, match=r'Could not write the checkpoint .*ckpt.pth.*untouched'): big.save('ckpt')
     assert f.read_bytes() == good                           # the previous checkpoint is intact
     assert not list((tiny_disk/'models').glob('.*.tmp'))    # and no half-written file is left
+    with pytest.raises(OSError, match=r'No space left on the disk of .*export.pkl.*untouched'): big.export()   # (fastai's writer)
+    assert not list(tiny_disk.glob('.*.tmp')) and not (tiny_disk/'export.pkl').exists()
     fault_row('disk full while saving', '`OSError: Could not write the checkpoint ...ckpt.pth (No space left on device); any previous checkpoint there is untouched.`',
               None, 'nothing: the previous checkpoint is intact, no half file is left')
 

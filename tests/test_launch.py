@@ -149,3 +149,20 @@ def test_what_a_launched_function_returns_comes_back(tmp_path):
     with pytest.raises(TypeError, match='returned a lock, which cannot be pickled.*did come back'):
         learn.launch(returns_a_lock, nprocs=2, transport='gloo')
     assert any((a != p).any() for a, p in zip(before, learn.model.parameters()))   # trained weights came back anyway
+
+# --- fastai's way to repeat a run (issue 41): `set_seed` before it
+
+def fit_one_epoch(learn): learn.fit(1, 1e-2)
+
+def test_launches_after_the_same_set_seed_end_alike():
+    "Two launches after `set_seed(7)` end with the same weights (the replicas' epoch order and dropout follow the launcher's generators); one after `set_seed(8)` differs. Forked replicas used to draw the run's seed anew each time."
+    from test_replicas import indexed_learner
+    def launched(seed):
+        learn = indexed_learner(bs=32)
+        learn.model.insert(1, nn.Dropout(0.3))     # (dropout draws from the replicas' generators too)
+        set_seed(seed)
+        learn.launch(fit_one_epoch, nprocs=2, transport='gloo')
+        return torch.cat([p.detach().flatten() for p in learn.model.parameters()])
+    first, again, other = launched(7), launched(7), launched(8)
+    assert torch.equal(first, again), (first - again).abs().max()
+    assert not torch.allclose(first, other)

@@ -66,23 +66,29 @@ learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
 learn.fit(2, 1e-2, cbs=KillMe())
 if WHERE == 'between fit and validate' and replica_ordinal() == 1: die()
 learn.validate()
+if WHERE == 'the master, while the others load' and replica_ordinal() == 0: die()
+learn.save('x'); learn.load('x')         # (replica 1 waits for the master's save)
 """
 
-@pytest.mark.parametrize('where', ['mid-epoch', 'between fit and validate'])
+@pytest.mark.parametrize('where', ['mid-epoch', 'between fit and validate', 'the master, while the others load'])
 def test_a_replica_killed_with_sigkill_is_noticed(tmp_path, where):
-    """Replica 1 is SIGKILLed; replica 0 (no launcher watches it) ends, naming it. Mid-epoch, replica 0 is in gloo's
+    """A replica is SIGKILLed; the other (no launcher watches it) ends, naming it. Mid-epoch, replica 0 is in gloo's
     all-reduce, which sees the connection drop; between fit and validate it waits at a meeting in the store, where only
-    the heartbeat tells (as in torch_xla's in-graph collectives on a TPU, which see nothing)."""
-    procs = start_replicas(f'WHERE = {where!r}\n' + KILLED, tmp_path, FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='1',
-                           FASTAI_XLA_HEARTBEAT='3')
+    the heartbeat tells (as in torch_xla's in-graph collectives on a TPU, which see nothing). The master serves the
+    store: killed while replica 1 waits in `load` for its save, it is named by the store's silence, not after the timeout."""
+    dead = 0 if where.startswith('the master') else 1
+    procs = start_replicas(f'WHERE = {where!r}\n' + KILLED, tmp_path, per_host=2 if dead == 0 else 1,   # (one host: one writer)
+                           FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='1', FASTAI_XLA_HEARTBEAT='3')
     codes, ended = wait_all(procs)
-    err0 = (tmp_path/'err-0.txt').read_text()
-    assert codes[1] == -signal.SIGKILL and codes[0] != 0, (codes, err0[-3000:])
+    err = (tmp_path/f'err-{1 - dead}.txt').read_text()
+    assert codes[dead] == -signal.SIGKILL and codes[1 - dead] != 0, (codes, err[-3000:])
     took = ended - float((tmp_path/'killed').read_text())
     assert took < 30, took                                          # FASTAI_XLA_TIMEOUT is 120
-    expected = r'Connection (closed|reset) by peer|replica 1 stopped answering' if where == 'mid-epoch' else r'replica 1 stopped answering: its heartbeat has not moved for \d+ s'
-    said = re.search(expected, err0)
-    assert said, err0[-3000:]
+    expected = {'mid-epoch': r'Connection (closed|reset) by peer|replica 1 stopped answering',
+                'between fit and validate': r'replica 1 stopped answering: its heartbeat has not moved for \d+ s',
+                'the master, while the others load': r'replica 0, the master, is gone'}[where]
+    said = re.search(expected, err)
+    assert said, err[-3000:]
     fault_row(f'a replica killed (SIGKILL) {where}', f"the others stop: `{said.group(0)}`", took,
               'the epoch in progress (resume from the last checkpoint)' if where == 'mid-epoch' else 'nothing saved')
 

@@ -23,8 +23,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 times=()
 lap() { times+=("$1: $(( (SECONDS - lap_start) / 60 )) min $(( (SECONDS - lap_start) % 60 )) s"); lap_start=$SECONDS; }
 start=$SECONDS; lap_start=$SECONDS
-source "$ROOT/scripts/env.sh" images
-lap "set-up (environments)"
+source "$ROOT/scripts/env.sh"
+lap "set-up (.venv)"
+# the image stacks' environments are made in the background while stack 1 runs (pip waits on the network and the disk
+# more than on the cores), their output kept for when stack 2 needs them
+IMAGES_LOG="$ROOT/.images-setup.log"
+( images_start=$SECONDS; bash -c "source '$ROOT/scripts/env.sh' images" && echo "images set-up: $(( (SECONDS - images_start) / 60 )) min $(( (SECONDS - images_start) % 60 )) s" ) > "$IMAGES_LOG" 2>&1 &
+IMAGES_PID=$!
 cd "$ROOT"
 export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
@@ -51,6 +56,10 @@ echo "== 1. $(stack .venv): the docs site"
 PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
 lap "stack 1 docs"
 
+echo "== the image stacks' environments (made in the background during stack 1)"
+if ! wait "$IMAGES_PID"; then cat "$IMAGES_LOG" >&2; echo "fastai_xla: setting up the image stacks failed (above)" >&2; exit 1; fi
+cat "$IMAGES_LOG"
+lap "waiting for the image stacks' set-up"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, two at a time"
 .venv-colab/bin/python -m pytest -n 2 -m notebooks "$@" tests/test_notebooks.py
 echo "== 2. $(stack .venv-colab): pytest, what differs between the stacks and what fastai's version decides"

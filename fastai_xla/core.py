@@ -11,8 +11,8 @@ from .settings import current_backend
 
 # %% auto #0
 __all__ = ['module_versions', 'callback_versions', 'metric_versions', 'transform_versions', 'XLA_FEATURES', 'xla_device',
-           'device_kind', 'is_xla', 'off_host', 'check_autograd', 'step_boundary', 'tensors_in', 'map_tensors',
-           'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version',
+           'device_kind', 'is_xla', 'off_host', 'AutogradStartedFirst', 'check_autograd', 'step_boundary', 'tensors_in',
+           'map_tensors', 'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version',
            'fastai_version', 'VersionTable', 'load_features', 'model_on_xla', 'checked_seed', 'xla_counters',
            'counters_diff']
 
@@ -37,8 +37,11 @@ def off_host(t) -> bool:
     "Is `t` (a tensor or a device) on a device other than the host: an XLA device, TorchTPU's `tpu`? (The native backend's CPU device is the host.)"
     return _device_type(t) not in (None, 'cpu')
 
-# %% ../nbs/00_core.ipynb #c747f760
+# %% ../nbs/00_core.ipynb #71c78704
 _autograd_ok = set()
+
+class AutogradStartedFirst(RuntimeError):
+    "PyTorch's autograd engine started in this process before the XLA device existed (`learn.launch` starts its replicas afresh then)."
 
 def check_autograd(device=None):
     "Raise a clear error if autograd cannot run backward passes on the XLA `device` in this process."
@@ -47,7 +50,7 @@ def check_autograd(device=None):
     try: torch.zeros(1, device=device, requires_grad=True).sum().backward()
     except RuntimeError as e:
         if 'device_ready_queues_' not in str(e): raise
-        raise RuntimeError(
+        raise AutogradStartedFirst(
             "PyTorch's autograd engine started before the XLA device existed (a backward pass ran on the "
             "CPU earlier in this process, for example a CPU `fit` in the same notebook), and it cannot run "
             "backward passes on XLA any more. Restart the Python process or kernel and create the XLA "

@@ -86,7 +86,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #372f09d0
+# %% ../nbs/04a_launch.ipynb #166d057d
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -121,6 +121,7 @@ def _run_replica(job_dir):
         ended_with(e)                       # the others stop at once, wherever this failed (not only in `fit`)
         ordinal = _safe_ordinal()
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
+        if isinstance(e, AutogradStartedFirst): raise SystemExit(1)   # (quietly: `launch` starts them again, or says why)
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e
 
 def _returned(out) -> dict:
@@ -171,13 +172,18 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #0ecfb2be
+# %% ../nbs/04a_launch.ipynb #ad930956
 def _write_job(job_dir, job):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
         raise RuntimeError(f"start_method='spawn' pickles the learner and the training function, and this failed: "
                            f"{type(e).__name__}: {e}. Use start_method='fork' (Linux), or move what cannot be pickled "
                            f"(for example fastai Transforms defined in the notebook, with fastai < 2.8.12) into a module.") from e
+
+_SPAWNED_AFTER_EAGER = ("fastai_xla: this process ran a backward pass on the CPU before its first launch (a first eager `fit`?), so "
+    "replicas forked from it cannot train on the XLA device (PyTorch's autograd engine started without it): starting them "
+    "again with start_method='spawn' (fresh processes; the learner and the function are pickled). Pass start_method='spawn' "
+    "to skip the first try.")
 
 @patch
 def launch(self:Learner,
@@ -208,7 +214,12 @@ def launch(self:Learner,
     job_dir, ok = Path(tempfile.mkdtemp(prefix='fastai_xla-')), False
     (job_dir/'owner').write_text(str(os.getpid()))
     try:
-        out = self._launch_job(job_dir, job, launcher, nprocs, method, settings.fault_grace)
+        try: out = self._launch_job(job_dir, job, launcher, nprocs, method, settings.fault_grace)
+        except RuntimeError as e:
+            if not (start_method == 'auto' and method == 'fork' and 'AutogradStartedFirst' in str(e)): raise
+            print(_SPAWNED_AFTER_EAGER, file=sys.stderr, flush=True)
+            for f in [*job_dir.glob('error-*.txt'), job_dir/'events.jsonl']: f.unlink(missing_ok=True)
+            out = self._launch_job(job_dir, job, launcher, nprocs, 'spawn', settings.fault_grace)
         ok = True
         return out
     finally:

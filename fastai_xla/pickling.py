@@ -32,3 +32,25 @@ def __getstate__(self:Optimizer):
 def __setstate__(self:Optimizer, state):
     state = dict(state); state.pop('param_groups', None)
     self.__dict__.update(state)
+
+# %% ../nbs/01_pickling.ipynb #14a35320
+import copyreg
+
+def _rebuilt_plum_function(first, owner, registered):
+    "A plum `Function` made anew from `_reduce_plum_function`'s parts."
+    from plum import Function
+    f = Function(first, owner=owner)
+    for fn, precedence in registered: f.register(fn, None, precedence)
+    return f
+
+def _reduce_plum_function(f):
+    registered = [(fn, precedence) for fn, signature, precedence in [*f._resolved, *f._pending]]
+    return _rebuilt_plum_function, (f._f, f._owner_name, registered)
+
+def _pickle_plum_functions():
+    try: from plum import Function
+    except ImportError: return
+    if '_lock' in getattr(Function, '__mypyc_attrs__', ()) or '_lock' in getattr(Function, '__annotations__', {}):
+        copyreg.pickle(Function, _reduce_plum_function)
+
+_pickle_plum_functions()

@@ -7,7 +7,7 @@
   without any `if __name__ == '__main__'` guard), on 2 replicas over gloo (forked, and
   spawned: the function then travels pickled by value), and over xmp.spawn (1 replica here);
 - the refusal when the launching process already started the XLA runtime."""
-import os, re, subprocess, sys, textwrap
+import os, re, subprocess, sys, tempfile, textwrap
 from pathlib import Path
 import pytest
 from helpers import *
@@ -166,3 +166,27 @@ def test_launches_after_the_same_set_seed_end_alike():
     first, again, other = launched(7), launched(7), launched(8)
     assert torch.equal(first, again), (first - again).abs().max()
     assert not torch.allclose(first, other)
+
+# --- the notebook trap (issue 41): a first eager try, then a launch
+
+EAGER_THEN_LAUNCH = '''
+import warnings; warnings.filterwarnings('ignore')
+from fastai.vision.all import *
+from fastai_xla.all import *
+from fastai_xla.demo import digits_folder
+dls = ImageDataLoaders.from_folder(digits_folder('digits'), valid_pct=0.2, seed=42, bs=64)   # (PILImage.create: a plum Function)
+learn = Learner(dls, nn.Sequential(nn.AdaptiveAvgPool2d(8), Flatten(), nn.Linear(3 * 8 * 8, 10)), metrics=accuracy)
+with learn.no_bar(): learn.fit(1, 1e-2)                                            # a first eager try, on the CPU
+def train(learn): learn.fit(2, 1e-2)
+learn.launch(train, nprocs=2, transport='gloo')
+print('LAUNCHED', learn.recorder.values[-1][-1])
+'''
+
+def test_a_launch_after_an_eager_fit_trains():
+    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again with spawn and says so; spawn pickles fastai 2.8.7's loaders (plum's lock: 01_pickling)."
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d)/'notebook.py').write_text(EAGER_THEN_LAUNCH)
+        r = subprocess.run([sys.executable, 'notebook.py'], capture_output=True, text=True, timeout=600, cwd=d, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "starting them again with start_method='spawn'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert float(r.stdout.split('LAUNCHED ')[1].split()[0]) > 0.5, r.stdout[-2000:]

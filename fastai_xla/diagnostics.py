@@ -129,7 +129,7 @@ def what_bounds(rows:list) -> str:
     which = f"epochs {steady[0]['epoch']}-{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #e3aab203
+# %% ../nbs/07_diagnostics.ipynb #85cae8cc
 class XLADiagnostics(Callback):
     "Per-epoch XLA counters; warns once per likely cause of a slow run."
     order, run_valid = 100, True
@@ -265,9 +265,18 @@ on_xla_learner(setup=add_diagnostics)
 
 @patch
 def xla_report(self:Learner):
-    "Print what the XLA runtime did in each epoch of the last fits, one block per fit (fastai names the callback `learn.xla_diagnostics`)."
+    "Print what the XLA runtime did in each epoch of the last fits, one block per fit (fastai names the callback `learn.xla_diagnostics`; after `learn.launch`, the master replica's)."
     diag, fit = getattr(self, 'xla_diagnostics', None), None
-    for r in (diag.epochs if diag is not None else []):
+    rows = diag.epochs if diag is not None else []
+    launched = getattr(self, 'xla_launched_diagnostics', None)
+    if not rows and launched:
+        print("(the master replica's, from the last `learn.launch`)")
+        rows = launched
+    if not rows:
+        print("No fit on XLA recorded for this learner: `xla_report` reports the fits of a learner moved with `to_xla` or "
+              "`to_tpu_distributed`, and after `learn.launch` its master replica's.")
+        return
+    for r in rows:
         if r['fit'] != fit:
             fit = r['fit']
             print(f"fit {fit}" + (" (lr_find: not checked, fastai's LRFinder reads the loss every batch)" if r['kind'] == 'lr_find' else '') + ':')
@@ -275,7 +284,7 @@ def xla_report(self:Learner):
         for n, (m, ops) in r.get('fallback_modules', {}).items():
             print(f"      from `{n}` ({type(m).__name__}): " + ', '.join(f'{k} ({v}x)' for k, v in ops.items()))
         if r.get('time'): print('      ' + format_split(r['time']))
-    if diag is not None and diag.epochs: print(what_bounds(diag.epochs))
+    print(what_bounds(rows))
 
 # %% ../nbs/07_diagnostics.ipynb #f090373e
 from pathlib import Path

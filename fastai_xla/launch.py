@@ -86,7 +86,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #166d057d
+# %% ../nbs/04a_launch.ipynb #fd944562
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -111,7 +111,7 @@ def _run_replica(job_dir):
         learn.xla_run.finish()              # (its silence from now on is no failure: see `Run.watch`)
         if learn.xla_run.is_master:
             result = dict(state=host_state(learn.model, getattr(learn, 'opt', None)), recorder=recorder_history(learn),
-                          **_returned(out))
+                          diagnostics=_diagnostics_rows(learn), **_returned(out))
             save_atomically(result, job_dir/'result.pth')
     except Preempted as e:                  # (every replica stops so, after the same step: not a failure)
         (job_dir/f'preempted-{_safe_ordinal()}.txt').write_text(str(e))
@@ -123,6 +123,11 @@ def _run_replica(job_dir):
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
         if isinstance(e, AutogradStartedFirst): raise SystemExit(1)   # (quietly: `launch` starts them again, or says why)
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e
+
+def _diagnostics_rows(learn) -> list:
+    "The master's `XLADiagnostics` rows in plain data, for `xla_report` in the launching process (the modules a fallback came from stay behind)."
+    diag = getattr(learn, 'xla_diagnostics', None)
+    return [{k: v for k, v in r.items() if k != 'fallback_modules'} for r in getattr(diag, 'epochs', [])]
 
 def _returned(out) -> dict:
     "What the launched function returned, for the result file: its CPU copy pickled by cloudpickle (which also carries classes made at run time, such as fastai's `SuggestedLRs`), or why it cannot travel."
@@ -172,7 +177,7 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #ad930956
+# %% ../nbs/04a_launch.ipynb #783b5e80
 def _write_job(job_dir, job):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
@@ -287,6 +292,7 @@ def _load_launch_result(self:Learner, result):
         if self.opt is None: self.create_opt()
         self.opt.load_state_dict(state['opt'])
     restore_history(self, result['recorder'])
+    self.xla_launched_diagnostics = result.get('diagnostics') or []   # (the master's, for `xla_report` here)
 
 # %% ../nbs/04a_launch.ipynb #8c18bcde
 def pid_alive(pid:int) -> bool:

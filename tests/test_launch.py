@@ -81,6 +81,7 @@ MAIN_LAUNCH = '''
     print('WORLD', world, 'ACC', max(v[2] for v in learn.recorder.values))
     preds, targs = learn.get_preds()   # back in this process, on the CPU: the trained weights
     print('CPU_ACC', (preds.argmax(1) == targs).float().mean().item())
+    learn.xla_report()                 # the master replica's, brought back
 '''
 
 @pytest.mark.parametrize('launch_kwargs,world', [("nprocs=2, transport='gloo'", 2), ("nprocs=2, transport='gloo', start_method='spawn'", 2), ('', 1)],
@@ -93,6 +94,9 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
     assert int(w) == world and float(acc) > 0.8                 # it learned (a linear model, 3 epochs: 0.85-0.91)
     assert out.count('Better model found at epoch 0 ') == 1      # a callback's message, printed once (by the master)
     assert abs(cpu_acc - float(acc)) < 1e-6           # the weights that came back give the best epoch's accuracy
+    report = out.split('CPU_ACC')[1]
+    assert "(the master replica's, from the last `learn.launch`)" in report and re.search(r'epoch +2: .*\n +time [\d.]+ s: waiting', report), report
+    assert re.search(r'fit 1, epochs 1-2: bound by', report), report
 
 def test_launch_refuses_when_the_runtime_is_already_running():
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))

@@ -9,7 +9,29 @@ import torch
 from fastai.data.load import DataLoader, _FakeLoader
 
 # %% auto #0
-__all__ = ['FakeLoader', 'phase_metrics', 'torch_loader', 'move_pipeline_to', 'warp_coord_class', 'is_fastai_default_sort']
+__all__ = ['FakeLoader', 'fastcore_mismatch', 'check_fastcore', 'phase_metrics', 'torch_loader', 'move_pipeline_to',
+           'warp_coord_class', 'is_fastai_default_sort']
+
+# %% ../nbs/00a_compat.ipynb #37dff348
+import re, warnings
+from importlib import metadata
+
+def fastcore_mismatch(fastai_version:str, fastai_requires:list, fastcore_version:str) -> str|None:
+    "What to tell a user whose fastai was written for fastcore 1 and runs with fastcore 2, else None."
+    asks = next((r for r in fastai_requires if re.match(r'fastcore\b', r)), '')
+    floor = re.search(r'>=\s*(\d+)', asks)
+    if floor is None or int(floor.group(1)) >= 2 or int(fastcore_version.split('.')[0]) < 2: return None
+    return (f"fastai {fastai_version} was written for fastcore 1 (it asks for {asks.split(';')[0].strip()}) and fastcore "
+            f"{fastcore_version} is installed: parts of fastai fail with it (`lr_find`: 'list' object has no attribute "
+            f"'starmap'). Install `pip install 'fastcore<2'`, or a fastai that asks for fastcore 2 (2.8.12 or later).")
+
+def check_fastcore():
+    "Warn once, at import, when the installed fastai and fastcore do not match."
+    try: msg = fastcore_mismatch(metadata.version('fastai'), metadata.requires('fastai') or [], metadata.version('fastcore'))
+    except metadata.PackageNotFoundError: return
+    if msg: warnings.warn(msg, stacklevel=2)
+
+check_fastcore()
 
 # %% ../nbs/00a_compat.ipynb #5715fdea
 def phase_metrics(recorder, training:bool):

@@ -1,6 +1,7 @@
 """The fault table: every fault the tests cause for real, what the user sees, how long it took, what was lost.
 
-Runs the fault tests (tests/test_faults.py, tests/test_preemption.py, the full-disk test of tests/test_checkpoint.py)
+Runs the fault tests (tests/test_faults.py, tests/test_preemption.py, the full-disk test of tests/test_checkpoint.py, the
+eager-then-launch test of tests/test_launch.py)
 with FASTAI_XLA_FAULT_TABLE set: each writes its row when it passes. Then prints the table (markdown). About 5 minutes.
 
     PJRT_DEVICE=CPU python benchmarks/faults.py
@@ -9,7 +10,8 @@ import json, os, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ['tests/test_faults.py', 'tests/test_preemption.py', 'tests/test_checkpoint.py::test_full_disk_keeps_the_previous_checkpoint']
+TESTS = ['tests/test_faults.py', 'tests/test_preemption.py', 'tests/test_checkpoint.py::test_full_disk_keeps_the_previous_checkpoint',
+         'tests/test_launch.py::test_a_launch_after_an_eager_fit_trains']
 
 def main():
     with tempfile.TemporaryDirectory() as d:

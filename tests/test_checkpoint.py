@@ -127,7 +127,7 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_disk):
     assert not list((tiny_disk/'models').glob('.*.tmp'))    # and no half-written file is left
     with pytest.raises(OSError, match=r'No space left on the disk of .*export.pkl.*untouched'): big.export()   # (fastai's writer)
     assert not list(tiny_disk.glob('.*.tmp')) and not (tiny_disk/'export.pkl').exists()
-    fault_row('disk full while saving', '`OSError: Could not write the checkpoint ...ckpt.pth (No space left on device); any previous checkpoint there is untouched.`',
+    fault_row('disk full while saving (`save`; `export` says the same through fastai\'s writer)', '`OSError: Could not write the checkpoint ...ckpt.pth (No space left on device); any previous checkpoint there is untouched.`',
               None, 'nothing: the previous checkpoint is intact, no half file is left')
 
 def train_save_load(learn, out_dir, lr, master_late):

@@ -89,7 +89,8 @@ def test_a_replica_killed_with_sigkill_is_noticed(tmp_path, where):
                 'the master, while the others load': r'replica 0, the master, is gone'}[where]
     said = re.search(expected, err)
     assert said, err[-3000:]
-    fault_row(f'a replica killed (SIGKILL) {where}', f"the others stop: `{said.group(0)}`", took,
+    fault_row('the master (replica 0, which serves the meeting store) killed (SIGKILL) while the others wait in `load`' if dead == 0
+              else f'a replica killed (SIGKILL) {where}', f"the others stop: `{said.group(0)}`", took,
               'the epoch in progress (resume from the last checkpoint)' if where == 'mid-epoch' else 'nothing saved')
 
 BEFORE_OR_DURING = """

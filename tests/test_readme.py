@@ -39,6 +39,8 @@ def test_readme_snippet_runs_as_written(name, tmp_path):
     assert [int(r[0]) for r in rows] == [0, 1, 2], out[-3000:]
     assert rows[-1][3] > 0.9, rows                     # it learned (0.97-0.98 in the runs the README quotes)
     assert 'XLAPerformanceWarning' not in out, out[-3000:]   # a healthy run: no late compile, no per-batch reads
+    if name != 'script':                               # (`xla_report`: each epoch's time split and what bounds the fit)
+        assert re.search(r'time [\d.]+ s: waiting for batches \d+%, compiling \d+%', out) and 'epochs 1-2: bound by' in out, out[-3000:]
 
 def test_the_images_install_command_is_the_one_env_sh_runs():
     "scripts/env.sh installs fastai_xla into its copies of Colab's and Kaggle's images with the README's two lines."

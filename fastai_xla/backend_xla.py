@@ -164,19 +164,18 @@ class XLASpawn(Launcher):
         import_torch_xla(); import torch_xla.distributed.xla_multiprocessing as xmp
         xmp.spawn(fn, args=tuple(args), nprocs=nprocs, start_method=start_method)
 
-# %% ../nbs/00d_backend_xla.ipynb #ccac5f85
+# %% ../nbs/00d_backend_xla.ipynb #e69e743e
 class XLACounters(Counters):
     "torch_xla's metrics and counters, its graphs, and its compile cache."
-    _COUNTED = dict(compiles='CompileTime', executions='ExecuteTime', to_host='TransferFromDeviceTime', to_device='TransferToDeviceTime')
+    # (SPMD runs its graphs through `ExecuteReplicated`, timed as `ExecuteReplicatedTime`)
+    _COUNTED = dict(compiles=('CompileTime',), executions=('ExecuteTime', 'ExecuteReplicatedTime'), to_host=('TransferFromDeviceTime',),
+                    to_device=('TransferToDeviceTime',))
     def counters(self):
-        res = {}
-        for k, name in self._COUNTED.items():
-            data = _met().metric_data(name)
-            res[k] = data[0] if data else 0
-        return res
+        met = _met()
+        return {k: sum((met.metric_data(name) or (0,))[0] for name in names) for k, names in self._COUNTED.items()}
     # the host waits for the device when it locks it for the next graph (the previous still running) and when it reads a value
     _TIMED = dict(compiling=('CompileTime',), waiting_for_device=('DeviceLockWait', 'TransferFromDeviceTime'),
-                  executing=('ExecuteTime',), transferring_in=('TransferToDeviceTime',))
+                  executing=('ExecuteTime', 'ExecuteReplicatedTime'), transferring_in=('TransferToDeviceTime',))
     def seconds(self):
         met = _met()
         total = lambda name: (met.metric_data(name) or (0, 0.))[1] / 1e9      # (accumulated nanoseconds)

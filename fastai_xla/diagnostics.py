@@ -21,7 +21,8 @@ from .callback import finding_lr, on_xla_learner
 # %% auto #0
 __all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts',
            'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'epoch_clock', 'time_split', 'format_split',
-           'what_bounds', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
+           'what_bounds', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache',
+           'ProfileSteps']
 
 # %% ../nbs/07_diagnostics.ipynb #1ed61fd9
 def fallback_counts() -> dict:
@@ -129,7 +130,28 @@ def what_bounds(rows:list) -> str:
     which = f"epochs {steady[0]['epoch']}-{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #85cae8cc
+# %% ../nbs/07_diagnostics.ipynb #2cc35080
+class DeviceReadProbe(Callback):
+    "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
+    run_valid = False
+    def __init__(self, order:int, steps:int=20): self.order, self.steps, self.reads_at, self.probes, self.last = order, steps, {}, 0, None
+    def _at(self, event):
+        n = xla_counters()['to_host']
+        if self.last is not None and n > self.last: self.reads_at[event] = self.reads_at.get(event, 0) + n - self.last
+        self.last = n
+    def before_batch(self): self._at('before_batch')
+    def after_pred(self): self._at('after_pred')
+    def after_loss(self): self._at('after_loss')
+    def before_backward(self): self._at('before_backward')
+    def after_backward(self): self._at('after_backward')
+    def before_step(self): self._at('before_step')
+    def after_step(self): self._at('after_step')
+    def after_batch(self):
+        self._at('after_batch')
+        self.probes += 1
+        if self.probes >= self.steps: self.learn.remove_cb(self)    # (no cost per step after these)
+    def before_validate(self): self.last = None                     # (validation's reads: not a training step's)
+
 class XLADiagnostics(Callback):
     "Per-epoch XLA counters; warns once per likely cause of a slow run."
     order, run_valid = 100, True
@@ -139,13 +161,13 @@ class XLADiagnostics(Callback):
         self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
         self.phases = set()    # the optimizer's step phases seen (`step_phase`: ranger's steps trace three graphs)
         self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit'
-        self.reads_at, self.probes, self.last_reads = {}, 0, None    # see "Which callback reads" below
+        self.probe = DeviceReadProbe(self.order) if self.fit_kind == 'fit' else None
+        if self.probe is not None: self.learn.add_cb(self.probe)        # (it leaves after its steps)
     def before_epoch(self):
         self.c0, self.f0, self.batches = xla_counters(), fallback_counts(), {True: 0, False: 0}
         self.new_shapes, self.expected = 0, 0
         self.clock0 = epoch_clock(self.learn)
     def before_batch(self):
-        self._probe('before_batch')
         key = (self.training, _shapes(self.learn.xb))              # one graph per phase and input shapes
         if self.training and self.first_step is None: self.first_step = key   # a graph of its own: no optimizer state yet
         elif key not in self.seen:
@@ -160,26 +182,9 @@ class XLADiagnostics(Callback):
                 self.phases.add(phase)
         self.batches[self.training] += 1
 
-    # Which callback reads: the first `PROBED` training steps of a fit count the device reads between this callback's
-    # calls at each event of a step (it runs late at each: order 100), so a read is placed between two events.
-    PROBED = 20
-    def after_pred(self): self._probe('after_pred')
-    def after_loss(self): self._probe('after_loss')
-    def before_backward(self): self._probe('before_backward')
-    def after_backward(self): self._probe('after_backward')
-    def before_step(self): self._probe('before_step')
-    def after_step(self): self._probe('after_step')
-    def after_batch(self):
-        self._probe('after_batch')
-        if self.training and self.last_reads is not None: self.probes += 1
-    def _probe(self, event):
-        if not self.training or self.probes >= self.PROBED or self.fit_kind != 'fit':
-            self.last_reads = None; return
-        n = xla_counters()['to_host']
-        if self.last_reads is not None and n > self.last_reads: self.reads_at[event] = self.reads_at.get(event, 0) + n - self.last_reads
-        self.last_reads = n
-
-    def after_fit(self): self.after_epoch()    # an epoch a cancel cut short (`lr_find` stops that way): recorded too
+    def after_fit(self):
+        self.after_epoch()                     # an epoch a cancel cut short (`lr_find` stops that way): recorded too
+        if self.probe is not None and self.probe in self.learn.cbs: self.learn.remove_cb(self.probe)   # (a fit shorter than its steps)
 
     def after_epoch(self):
         if getattr(self, 'c0', None) is None: return   # recorded already, or skipped before it started (`start_epoch`)
@@ -222,16 +227,17 @@ class XLADiagnostics(Callback):
 
     def _readers(self) -> str:
         "Where the probed steps read the device most: ' They come ...' naming the step's part and the callbacks there, or ''."
-        if not self.reads_at or not self.probes: return ''
-        event, n = max(self.reads_at.items(), key=lambda kv: kv[1])
-        if n < self.probes: return ''                   # (not every step: no single place to name)
+        probe = self.probe
+        if probe is None or not probe.reads_at or not probe.probes: return ''
+        event, n = max(probe.reads_at.items(), key=lambda kv: kv[1])
+        if n < probe.probes: return ''                  # (not every step: no single place to name)
         i = BATCH_EVENTS.index(event)
         package = lambda cb: type(cb).__module__.split('.')[0]      # (fastai_xla's own read once per epoch: not named)
-        there = [cb for cb in self.learn.cbs.sorted('order') if package(cb) != 'fastai_xla' and type(cb).__name__ != 'XLADiagnostics'
+        there = [cb for cb in self.learn.cbs.sorted('order') if package(cb) != 'fastai_xla' and type(cb).__name__ not in ('XLADiagnostics', 'DeviceReadProbe')
                  and ((hasattr(cb, event) and cb.order <= self.order) or (i > 0 and hasattr(cb, BATCH_EVENTS[i-1]) and cb.order > self.order))]
         cbs = [type(cb).__name__ for cb in ([cb for cb in there if package(cb) != 'fastai'] or there)]   # (the user's first)
         inside = BETWEEN_EVENTS.get(event)
-        return (f" They come before `{event}` ({n / self.probes:.0f} per step of the first {self.probes}): "
+        return (f" They come before `{event}` ({n / probe.probes:.0f} per step of the first {probe.probes}): "
                 + (f"in a callback's `{event}`{f' or `{BATCH_EVENTS[i-1]}`' if i else ''} ({', '.join(cbs)})" if cbs else '')
                 + (' or ' if cbs and inside else '') + (f'in {inside}' if inside else '') + '.')
 

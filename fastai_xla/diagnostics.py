@@ -130,7 +130,7 @@ def what_bounds(rows:list) -> str:
     which = f"epochs {steady[0]['epoch']}-{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #2cc35080
+# %% ../nbs/07_diagnostics.ipynb #98bc69b6
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
     run_valid = False
@@ -161,6 +161,7 @@ class XLADiagnostics(Callback):
         self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
         self.phases = set()    # the optimizer's step phases seen (`step_phase`: ranger's steps trace three graphs)
         self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit'
+        for stale in [cb for cb in self.learn.cbs if type(cb).__name__ == 'DeviceReadProbe']: self.learn.remove_cb(stale)   # (a failed fit's)
         self.probe = DeviceReadProbe(self.order) if self.fit_kind == 'fit' else None
         if self.probe is not None: self.learn.add_cb(self.probe)        # (it leaves after its steps)
     def before_epoch(self):

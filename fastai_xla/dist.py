@@ -13,7 +13,7 @@ from .settings import *
 
 # %% auto #0
 __all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'DistCollectives', 'check_nprocs_arg', 'free_port',
-           'watch_parent', 'SignalNotice', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+           'watch_parent', 'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
 # %% ../nbs/00c_dist.ipynb #16e36c7d
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #6e7adb3c
+# %% ../nbs/00c_dist.ipynb #5e94dcc8
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -214,6 +214,116 @@ class _Forked:
         if self.p.exitcode is None: raise subprocess.TimeoutExpired('replica', timeout)
         return self.p.exitcode
 
+# The fork server: a fresh process that imported fastai_xla once and forks a replica process for each request. A process
+# whose runtime runs (a notebook that used the device, a test session) cannot fork its replicas itself; fresh interpreters
+# (`spawn`) each import torch and fastai again, ~10 s of a core each. Requests and answers are messages of a socket pair,
+# the request carrying the launcher's standard output and error (their descriptors), so a replica prints where a spawned
+# one would.
+_PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
+
+def _fork_server_preload() -> list:
+    "What a new fork server imports before it forks: fastai_xla and the fastai applications this process imported."
+    return ['fastai_xla.all', *(m for m in _PRELOADED_IF_IMPORTED if m in sys.modules)]
+
+def _message(sock, fds:int=0):
+    "The next message on `sock` (and the descriptors it carries, when `fds`), or None when the other end is gone."
+    data, got, *_ = socket.recv_fds(sock, 1 << 20, fds) if fds else (sock.recv(1 << 20), [])
+    return (pickle.loads(data), got) if data else (None, got)
+
+def _serve_forks(fd:int, preload:list):
+    "The fork server's life: import `preload`, then fork a replica for each request until the launching process is gone."
+    import importlib, select
+    signal.signal(signal.SIGINT, signal.SIG_IGN)        # (a Ctrl-C reaches the replicas; the server serves the next launch)
+    for m in preload: importlib.import_module(m)
+    sock, parent = socket.socket(fileno=fd), os.getppid()
+    sock.sendall(pickle.dumps(('ready', os.getpid())))
+    while os.getppid() == parent:
+        if select.select([sock], [], [], 0.2)[0]:
+            request, fds = _message(sock, fds=2)
+            if request is None: break                        # the launching process closed its end, or ended
+            pid = os.fork()
+            if pid == 0: _forked_replica(sock, request, fds)
+            for f in fds: os.close(f)
+            sock.sendall(pickle.dumps(('started', pid)))
+        while True:                                          # the replicas that ended, for the launcher's `poll`
+            try: pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError: break
+            if not pid: break
+            sock.sendall(pickle.dumps(('ended', pid, os.waitstatus_to_exitcode(status))))
+    os._exit(0)
+
+def _forked_replica(sock, request:dict, fds:list):
+    "In the child the fork server made: the launcher's environment, folder, paths and output, then the replica's life."
+    try:
+        sock.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for f, std in zip(fds, (1, 2)): os.dup2(f, std); os.close(f)
+        os.chdir(request['cwd']); sys.path[:] = request['path']
+        os.environ.clear(); os.environ.update(request['env'])
+        _replica_main({}, request['threads'], request['job'])
+    finally: os._exit(1)
+
+class ForkServer:
+    "A fork server for this process (`ForkServer.get()`), started once, and the replica processes it forked."
+    _current = None
+    def __init__(self, preload:list):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.proc = subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', 'serve', str(theirs.fileno()), *preload],
+                                     pass_fds=[theirs.fileno()], env=env)
+        theirs.close()
+        self.preload, self.ended, self.started, self.lock = preload, {}, [], threading.Lock()
+        self.ready = threading.Event()
+        threading.Thread(target=self._listen, daemon=True, name='fastai_xla fork server').start()
+
+    @classmethod
+    def get(cls) -> 'ForkServer':
+        "This process's fork server, started (or started again, if it ended) now."
+        if cls._current is None or cls._current.proc.poll() is not None: cls._current = cls(_fork_server_preload())
+        return cls._current
+
+    def _listen(self):
+        while True:
+            msg, _ = _message(self.sock)
+            if msg is None: break
+            if msg[0] == 'ready': self.ready.set()
+            elif msg[0] == 'started': self.started.append(msg[1])
+            else: self.ended[msg[1]] = msg[2]
+        self.ready.set()                                     # (gone: whoever waits is told by `fork`)
+
+    def fork(self, env:dict, threads:int, job:str) -> '_Served':
+        "A replica process running `job` (a cloudpickled file) in `threads` replicas, with the environment `env`."
+        with self.lock:
+            self.ready.wait(600)
+            if self.proc.poll() is not None: raise RuntimeError(f"fastai_xla's fork server ended (exit status {self.proc.returncode}): see its error above.")
+            n = len(self.started)
+            request = dict(env=env, threads=threads, job=job, cwd=os.getcwd(), path=list(sys.path))
+            socket.send_fds(self.sock, [pickle.dumps(request)], [1, 2])   # (this process's output, as a spawned replica's)
+            while len(self.started) == n:
+                if self.proc.poll() is not None: raise RuntimeError("fastai_xla's fork server ended while starting a replica: see its error above.")
+                time.sleep(0.005)
+            return _Served(self, self.started[n])
+
+class _Served:
+    "A replica process the fork server forked, with the interface of `subprocess.Popen` the launcher uses."
+    def __init__(self, server, pid): self.server, self.pid = server, pid
+    def poll(self):
+        if self.pid in self.server.ended: return self.server.ended[self.pid]
+        if self.server.proc.poll() is not None: return self.server.ended.setdefault(self.pid, 1)   # (the server gone: so is the replica, within a second)
+    returncode = property(poll)
+    def _signal(self, sig):
+        if self.poll() is None:
+            try: os.kill(self.pid, sig)
+            except ProcessLookupError: pass
+    def terminate(self): self._signal(signal.SIGTERM)
+    def kill(self): self._signal(signal.SIGKILL)
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline: raise subprocess.TimeoutExpired('replica', timeout)
+            time.sleep(0.01)
+        return self.returncode
+
 class ReplicasFailed(RuntimeError):
     "Replica processes ended with an error (`statuses`: `{rank: exit status}`)."
     def __init__(self, statuses:dict, nprocs:int):
@@ -232,7 +342,8 @@ class ReplicaProcesses(Launcher):
     def start_method(self, asked, runtime_started):
         if asked == 'fork' and self.refuses_fork: raise ValueError(self.refuses_fork)
         if asked == 'auto' and self.refuses_fork: return 'spawn'
-        return super().start_method(asked, runtime_started)
+        method = super().start_method(asked, runtime_started)
+        return 'forkserver' if asked == 'auto' and method == 'spawn' and 'fork' in multiprocessing.get_all_start_methods() else method
 
     def start(self, fn, args:tuple=(), nprocs:int=1, start_method:str='spawn'):
         "Start `nprocs` processes running `fn(rank, *args)` in each of their replicas; return them."
@@ -245,9 +356,13 @@ class ReplicaProcesses(Launcher):
             self.dir = Path(tempfile.mkdtemp(prefix='fastai_xla-replicas-'))
             job = self.dir/'job.pkl'
             job.write_bytes(cloudpickle.dumps((fn, tuple(args))))
-            base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # same interpreter, same sys.path
-            self.procs = [subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', str(self.threads), str(job)], env={**base, **e})
-                          for e in envs]
+            if start_method == 'forkserver':
+                server = ForkServer.get()
+                self.procs = [server.fork({**os.environ, **e}, self.threads, str(job)) for e in envs]
+            else:
+                base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # same interpreter, same sys.path
+                self.procs = [subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', str(self.threads), str(job)], env={**base, **e})
+                              for e in envs]
         return self.procs
 
     def wait(self, stop=None, after_preempted:float=30.):
@@ -278,5 +393,6 @@ def stop_processes(procs, grace:float=5.0):
         try: p.wait(max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired: p.kill(); p.wait()
 
-if __name__ == '__main__' and getattr(globals().get('__spec__'), 'name', None) == 'fastai_xla.dist':   # a replica process `ReplicaProcesses` started with `spawn`
-    _replica_main({}, int(sys.argv[1]), sys.argv[2])
+if __name__ == '__main__' and getattr(globals().get('__spec__'), 'name', None) == 'fastai_xla.dist':
+    if sys.argv[1] == 'serve': _serve_forks(int(sys.argv[2]), sys.argv[3:])   # `ForkServer`
+    else: _replica_main({}, int(sys.argv[1]), sys.argv[2])                    # a replica process `ReplicaProcesses` started with `spawn`

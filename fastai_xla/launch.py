@@ -177,11 +177,11 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #783b5e80
-def _write_job(job_dir, job):
+# %% ../nbs/04a_launch.ipynb #4a9d2a51
+def _write_job(job_dir, job, method='spawn'):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
-        raise RuntimeError(f"start_method='spawn' pickles the learner and the training function, and this failed: "
+        raise RuntimeError(f"start_method={method!r} pickles the learner and the training function, and this failed: "
                            f"{type(e).__name__}: {e}. Use start_method='fork' (Linux), or move what cannot be pickled "
                            f"(for example fastai Transforms defined in the notebook, with fastai < 2.8.12) into a module.") from e
 
@@ -196,7 +196,7 @@ def launch(self:Learner,
            *args, # `train`'s positional arguments
            nprocs:int|None=None, # replicas to start (default: one per device; with `transport='gloo'`, required)
            transport:str|None=None, # 'xla' (the backend's own collectives) or 'gloo' (nprocs processes on the CPU device; default: FASTAI_XLA_TRANSPORT, else 'xla')
-           start_method:str='auto', # 'fork' (nothing pickled), 'spawn' (fresh processes: the learner and `train` by cloudpickle) or 'auto' (fork where it can)
+           start_method:str='auto', # 'fork' (nothing pickled), 'spawn' (fresh processes: the learner and `train` by cloudpickle), 'forkserver' (pickled too, forked from a process that imported fastai once) or 'auto' (fork where it can, else the fork server)
            dl_kwargs:dict|None=None, # what each replica passes to `to_tpu_distributed` (`seed`, `num_workers`, `cache_items`...)
            keep_failed_job:bool=False, # keep the launch's folder (job, events, tracebacks) when it fails, to look into
            backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
@@ -237,7 +237,7 @@ def launch(self:Learner,
 def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, grace):
     "Start the replicas on `job` in `job_dir`, relay their progress here, raise their failures, load the result."
     if method == 'fork': _jobs[str(job_dir)] = job
-    else: _write_job(job_dir, job)
+    else: _write_job(job_dir, job, method)
     log, display, pos = _EventLog(job_dir/'events.jsonl'), _ProgressDisplay(), 0
     failure, stop = [], threading.Event()
     def run():

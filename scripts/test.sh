@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The test command: sets everything up on a fresh machine (scripts/env.sh), then runs the tests on
 # every supported stack, on the CPU XLA device:
-#   1. the development stack (.venv: torch/torch_xla 2.9 + fastai 2.8.7, fastcore 1): everything: the exported
-#      package and README up to date with nbs/, the notebooks' tests (nbdev_test), pytest (the README's snippets
-#      among them, run as written) and the docs build (a page per notebook)
+#   1. the development stack (.venv: torch/torch_xla 2.9 + fastai 2.8.7, fastcore 1): the exported package and README
+#      up to date with nbs/, every pytest test (the README's snippets among them, run as written) and the docs build
+#      (a page per notebook)
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
-#      installed with the README's command: the tests marked `stacks` (what torch_xla's and Python's versions and the
-#      packaging decide) and `fastai_version` (what fastai's decides: every notebook in a Jupyter kernel, fastai's
-#      training features, a launch from a notebook's kernel); tests/conftest.py lists them, with why
+#      installed with the README's command: every notebook's tests in a Jupyter kernel (run here only: on the newest
+#      fastai, where fastai's changes show first; `nbdev_test` runs them on .venv, as a developer does), then the
+#      tests marked `stacks` (what torch_xla's and Python's versions and the packaging decide) and `fastai_version`
+#      (what fastai's decides: fastai's training features, a launch from a notebook's kernel); tests/conftest.py
+#      lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
 #   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
@@ -34,14 +36,13 @@ cd "$ROOT"
 export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
 
-echo "== 1. $(stack .venv): notebooks (nbdev_test)"
+echo "== 1. $(stack .venv): the package and README up to date with nbs/"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
 .venv/bin/python tools/readme.py --check
-# each notebook in a process of its own (nbdev_test's workers run several in one process, and a notebook's export cells
-# patch its own `to_xla` onto fastai's Learner: a later notebook there would use the first one's copy), two at a time
-ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
-lap "stack 1 notebooks"
+if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each in a process of its own, two at a time)
+    ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
+fi
 echo "== 1. $(stack .venv): pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" "$@" tests

@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #5e94dcc8
+# %% ../nbs/00c_dist.ipynb #df428389
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -260,11 +260,12 @@ def _forked_replica(sock, request:dict, fds:list):
         for f, std in zip(fds, (1, 2)): os.dup2(f, std); os.close(f)
         os.chdir(request['cwd']); sys.path[:] = request['path']
         os.environ.clear(); os.environ.update(request['env'])
-        _replica_main({}, request['threads'], request['job'])
+        _replica_main({}, request['threads'], request['job'])   # (it leaves the process itself)
+    except BaseException: traceback.print_exc()
     finally: os._exit(1)
 
 class ForkServer:
-    "A fork server for this process (`ForkServer.get()`), started once, and the replica processes it forked."
+    "A fork server for this process (ForkServer.get() starts it once, again if it ended), and the replica processes it forked."
     _current = None
     def __init__(self, preload:list):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -343,7 +344,7 @@ class ReplicaProcesses(Launcher):
         if asked == 'fork' and self.refuses_fork: raise ValueError(self.refuses_fork)
         if asked == 'auto' and self.refuses_fork: return 'spawn'
         method = super().start_method(asked, runtime_started)
-        return 'forkserver' if asked == 'auto' and method == 'spawn' and 'fork' in multiprocessing.get_all_start_methods() else method
+        return 'forkserver' if asked == 'auto' and method == 'spawn' and sys.platform.startswith('linux') else method
 
     def start(self, fn, args:tuple=(), nprocs:int=1, start_method:str='spawn'):
         "Start `nprocs` processes running `fn(rank, *args)` in each of their replicas; return them."

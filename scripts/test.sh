@@ -45,7 +45,7 @@ if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each i
 fi
 echo "== 1. $(stack .venv): pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" "$@" tests
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
 echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
 # (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files)

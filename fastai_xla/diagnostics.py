@@ -20,9 +20,9 @@ from .callback import finding_lr, on_xla_learner
 
 # %% auto #0
 __all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts',
-           'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'epoch_clock', 'time_split', 'format_split',
-           'what_bounds', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache',
-           'ProfileSteps']
+           'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'learner_backend', 'epoch_clock',
+           'time_split', 'format_split', 'what_bounds', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics',
+           'enable_compile_cache', 'ProfileSteps']
 
 # %% ../nbs/07_diagnostics.ipynb #1ed61fd9
 def fallback_counts() -> dict:
@@ -83,11 +83,15 @@ def fallback_advice(fallbacks:dict) -> str:
     return ' '.join(sorted(tips)) or ("Give the module an XLA version that lowers (`module_versions.register`, as 13_models does "
                                       "for `AvgPool2d(ceil_mode=True)`), or move the work into the data pipeline.")
 
-# %% ../nbs/07_diagnostics.ipynb #e20133ef
+# %% ../nbs/07_diagnostics.ipynb #d1e9f045
+def learner_backend(learn):
+    "The backend `learn` trains on: its run's (set by `to_xla`), else this replica's."
+    run = getattr(learn, 'xla_run', None)
+    return run.backend if run is not None else current_backend()
+
 def epoch_clock(learn) -> dict:
     "The totals so far: the host's clock (`wall`), the seconds `learn`'s loaders kept it waiting for batches, and what its runtime measures (`Counters.seconds`)."
-    run = getattr(learn, 'xla_run', None)
-    counters = run.backend.counters if run is not None else current_backend().counters
+    counters = learner_backend(learn).counters
     waited = sum(getattr(dl, 'waited', 0.) for dl in getattr(learn.dls, 'loaders', []))
     return dict(wall=time.perf_counter(), waiting_for_batches=waited, **counters.seconds())
 
@@ -309,7 +313,7 @@ def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=Fals
     counters.enable_compile_cache(path, readonly=readonly)
     return path
 
-# %% ../nbs/07_diagnostics.ipynb #a5964d61
+# %% ../nbs/07_diagnostics.ipynb #31e179b5
 from fastcore.basics import store_attr
 
 class ProfileSteps(Callback):
@@ -320,7 +324,7 @@ class ProfileSteps(Callback):
         self._stop()                                 # (a fit that failed left its session open)
         run = getattr(self.learn, 'xla_run', None)
         self.here = run is None or run.is_master
-        self.profiler = (run.backend if run is not None else current_backend()).profiler
+        self.profiler = learner_backend(self.learn).profiler
         self.dir, self.seen, self.traced, self.span = Path(self.learn.path)/self.folder, 0, 0, None
     def before_batch(self):
         if not self.here: return

@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #df428389
+# %% ../nbs/00c_dist.ipynb #b0cd02d9
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -219,6 +219,10 @@ class _Forked:
 # (`spawn`) each import torch and fastai again, ~10 s of a core each. Requests and answers are messages of a socket pair,
 # the request carrying the launcher's standard output and error (their descriptors), so a replica prints where a spawned
 # one would.
+def _same_interpreter_env() -> dict:
+    "This process's environment, with its `sys.path` as PYTHONPATH: what a new interpreter of ours starts with."
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def _fork_server_preload() -> list:
@@ -236,7 +240,7 @@ def _serve_forks(fd:int, preload:list):
     signal.signal(signal.SIGINT, signal.SIG_IGN)        # (a Ctrl-C reaches the replicas; the server serves the next launch)
     for m in preload: importlib.import_module(m)
     sock, parent = socket.socket(fileno=fd), os.getppid()
-    sock.sendall(pickle.dumps(('ready', os.getpid())))
+    sock.sendall(pickle.dumps(('ready',)))
     while os.getppid() == parent:
         if select.select([sock], [], [], 0.2)[0]:
             request, fds = _message(sock, fds=2)
@@ -269,11 +273,10 @@ class ForkServer:
     _current = None
     def __init__(self, preload:list):
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.proc = subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', 'serve', str(theirs.fileno()), *preload],
-                                     pass_fds=[theirs.fileno()], env=env)
+                                     pass_fds=[theirs.fileno()], env=_same_interpreter_env())
         theirs.close()
-        self.preload, self.ended, self.started, self.lock = preload, {}, [], threading.Lock()
+        self.ended, self.started, self.lock = {}, [], threading.Lock()
         self.ready = threading.Event()
         threading.Thread(target=self._listen, daemon=True, name='fastai_xla fork server').start()
 
@@ -361,7 +364,7 @@ class ReplicaProcesses(Launcher):
                 server = ForkServer.get()
                 self.procs = [server.fork({**os.environ, **e}, self.threads, str(job)) for e in envs]
             else:
-                base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # same interpreter, same sys.path
+                base = _same_interpreter_env()
                 self.procs = [subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', str(self.threads), str(job)], env={**base, **e})
                               for e in envs]
         return self.procs

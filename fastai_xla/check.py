@@ -8,7 +8,7 @@ import os, sys, json, time, socket, argparse, platform, subprocess, tempfile, tr
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['environment', 'Checks', 'replica_checks', 'worker', 'run_checks', 'report', 'main']
+__all__ = ['WAYS', 'environment', 'Checks', 'replica_checks', 'worker', 'run_checks', 'report', 'main']
 
 # %% ../nbs/10_check.ipynb #af6bd2cc
 def _version(dist:str) -> str|None:
@@ -173,7 +173,7 @@ def worker(kind:str, out_dir:str):
     else: checks('to_tpu_spmd: every device from one process', _spmd_check, out_dir)
     Path(out_dir, f'{kind}.json').write_text(json.dumps(checks.results))
 
-# %% ../nbs/10_check.ipynb #20ac37a2
+# %% ../nbs/10_check.ipynb #5c93c80b
 def _run_worker(kind, out_dir, env, timeout):
     t = time.time()
     cmd = [sys.executable, '-m', 'fastai_xla.check', '--worker', kind, '--out', str(out_dir)]
@@ -196,14 +196,18 @@ def _collect(kind, out_dir, code, tail, seconds) -> list:
     if files: return json.loads(files[0].read_text())
     return [dict(name=f'{kind}: the check process', ok=False, seconds=seconds, detail=f'exit status {code}: {tail}')]
 
-def run_checks(timeout:float=900) -> dict:
-    "Every check, each way of running in a process of its own: `{'environment': ..., 'checks': [...]}`."
+WAYS = ('spawn', 'launch', 'spmd')   # the ways of running, each checked in a process of its own
+
+def run_checks(timeout:float=900, only:list|None=None) -> dict:
+    "Every check (or those of the ways in `only`), each way of running in a process of its own: `{'environment': ..., 'checks': [...]}`."
+    bad = set(only or ()) - set(WAYS)
+    if bad: raise ValueError(f"fastai_xla.check: no way of running named {sorted(bad)}: choose among {', '.join(WAYS)}.")
     env = environment()
     proc_env = dict(os.environ)
     one_device = env['backend'] == 'torch_xla' and not env['tpu_chips_on_pci']
     if one_device: proc_env['XLA_ALWAYS_ALLREDUCE'] = '1'      # (one CPU device: its collectives run all the same)
     proc_env.setdefault('PJRT_DEVICE', 'TPU' if env['tpu_chips_on_pci'] and env['torch_xla'] else 'CPU')
-    kinds = ['spawn', 'launch'] + (['spmd'] if env['backend'] == 'torch_xla' else [])
+    kinds = [k for k in ['spawn', 'launch'] + (['spmd'] if env['backend'] == 'torch_xla' else []) if not only or k in only]
     checks = []
     for kind in kinds:
         with tempfile.TemporaryDirectory() as d:
@@ -211,7 +215,7 @@ def run_checks(timeout:float=900) -> dict:
             kind_env = {**proc_env, 'CPU_NUM_DEVICES': '2'} if kind == 'spmd' and one_device else proc_env
             code, tail, seconds = _run_worker(kind, d, kind_env, timeout)
             checks += _collect(kind, d, code, tail, seconds)
-    if 'spmd' not in kinds: checks.append(dict(name='to_tpu_spmd', ok=True, seconds=0., detail=f"skipped: the {env['backend']} backend has no SPMD", skipped=True))
+    if 'spmd' not in kinds and (not only or 'spmd' in only): checks.append(dict(name='to_tpu_spmd', ok=True, seconds=0., detail=f"skipped: the {env['backend']} backend has no SPMD", skipped=True))
     env['collectives_with_one_device'] = 'XLA_ALWAYS_ALLREDUCE=1' if one_device else None
     return dict(environment=env, checks=checks)
 
@@ -235,10 +239,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog='python -m fastai_xla.check', description='Check fastai_xla on this machine: every way of running, on every core.')
     p.add_argument('--json', action='store_true', help='print the report as JSON')
     p.add_argument('--timeout', type=float, default=900, help='seconds each way of running may take')
+    p.add_argument('--only', help=f"check these ways of running alone, comma-separated ({','.join(WAYS)}): a failed one again, quickly")
     p.add_argument('--worker', help=argparse.SUPPRESS); p.add_argument('--out', help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker: return worker(a.worker, a.out)
-    res = run_checks(a.timeout)
+    try: res = run_checks(a.timeout, a.only.split(',') if a.only else None)
+    except ValueError as e: p.error(str(e))
     print(json.dumps(res, indent=1) if a.json else report(res))
     sys.exit(0 if all(c['ok'] for c in res['checks']) else 1)
 

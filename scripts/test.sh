@@ -5,9 +5,9 @@
 #      up to date with nbs/, every pytest test (the README's snippets among them, run as written) and the docs build
 #      (a page per notebook)
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
-#      installed with the README's command: every notebook's tests in a Jupyter kernel (run here only: on the newest
-#      fastai, where fastai's changes show first; `nbdev_test` runs them on .venv, as a developer does), then the
-#      tests marked `stacks` (what torch_xla's and Python's versions and the packaging decide) and `fastai_version`
+#      installed with the README's command, in one pytest run: every notebook's tests in a Jupyter kernel (run here
+#      only: on the newest fastai, where fastai's changes show first; `nbdev_test` runs them on .venv, as a developer
+#      does), and the tests marked `stacks` (what torch_xla's and Python's versions decide) and `fastai_version`
 #      (what fastai's decides: fastai's training features, a launch from a notebook's kernel); tests/conftest.py
 #      lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
@@ -62,10 +62,9 @@ echo "== the image stacks' environments (made in the background during stack 1)"
 if ! wait "$IMAGES_PID"; then cat "$IMAGES_LOG" >&2; echo "fastai_xla: setting up the image stacks failed (above)" >&2; exit 1; fi
 cat "$IMAGES_LOG"
 lap "waiting for the image stacks' set-up"
-echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, two at a time"
-.venv-colab/bin/python -m pytest -n 2 -m notebooks "$@" tests/test_notebooks.py
-echo "== 2. $(stack .venv-colab): pytest, what differs between the stacks and what fastai's version decides"
-.venv-colab/bin/python -m pytest -n 2 --dist loadfile -m "(stacks or fastai_version) and not notebooks$SLOW_TESTS" "$@" tests
+echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what differs between the stacks and what fastai's version decides"
+# one run, two at a time: each notebook a unit of work, each test file one (tests/conftest.py's xdist groups)
+.venv-colab/bin/python -m pytest -n 2 --dist loadgroup -m "notebooks or ((stacks or fastai_version)$SLOW_TESTS)" --durations=10 "$@" tests
 lap "stack 2 (Colab)"
 
 echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"

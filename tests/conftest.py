@@ -24,7 +24,8 @@ def xla_first():
 ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed package decide
     'test_device.py': None,                  # finding and starting the device, the install checks
     'test_learner_scope.py': ['test_import_replaces_nothing_but_the_pickling_patches', 'test_a_bad_environment_variable_is_named'],  # what importing fastai_xla replaces (nothing)
-    'test_packaging.py': None,               # pip install, editable install, sdist and wheel
+    # (test_packaging.py runs on the development stack only: each image's set-up installs fastai_xla with the README's
+    # command on that image's Python, scripts/env.sh's image_install; the sdist, wheel and editable install are the same files)
     'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own', 'test_accum_metrics_are_exact', 'test_save_load_then_fit'],  # learning, the optimizer, compiles
     'test_launch.py': ['test_script_form_with_xmp_spawn', 'test_a_launch_after_an_eager_fit_trains',
@@ -110,6 +111,9 @@ def pytest_collection_modifyitems(config, items):
     ours = lambda i: getattr(getattr(i, 'obj', None), '__module__', '').split('.')[0] not in ('fastcore', 'fastai', 'torch')
     items[:] = [i for i in items if ours(i)]
     for item in items:
+        # `--dist loadgroup` (scripts/test.sh): a test file's tests run in one worker (its shared fixtures made once), each
+        # notebook is a unit of its own
+        if item.path.name != 'test_notebooks.py': item.add_marker(pytest.mark.xdist_group(item.path.name))
         if NATIVE and item.originalname in (TORCH_XLA_ONLY.get(item.path.name) or []):
             item.add_marker(pytest.mark.skip(reason="counts or refuses what only torch_xla has (tests/conftest.py's TORCH_XLA_ONLY)"))
         if '*' in SLOW.get(item.path.name, {}) or item.name in SLOW.get(item.path.name, {}): item.add_marker(pytest.mark.slow)

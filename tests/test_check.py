@@ -21,7 +21,9 @@ def test_the_self_check_passes_here_and_names_the_versions():
         assert name in passed, (name, checks)
 
 def test_a_failing_check_is_reported_and_fails_the_command():
-    "A device the runtime does not know: every way of running fails, by name, and the command exits with status 1."
-    r = check({'PJRT_DEVICE': 'NOSUCH'}, '--timeout', '240')
+    """A device the runtime does not know: the way of running checked (`--only launch`: one process, not three) fails, by
+    name, and the command exits with status 1."""
+    r = check({'PJRT_DEVICE': 'NOSUCH'}, '--timeout', '240', '--only', 'launch')
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert 'FAIL  learn.launch from a notebook' in r.stdout and 'NOSUCH' in r.stdout and 'please paste this report' in r.stdout, r.stdout
+    assert 'to_tpu_spmd' not in r.stdout and 'replicas start and agree' not in r.stdout, r.stdout   # (the others not run)

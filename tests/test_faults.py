@@ -107,11 +107,15 @@ learn.fit(2, 1e-2, cbs=RaiseMidEpoch())
 
 @pytest.mark.parametrize('where', ['before fit', 'during fit'])
 def test_a_failure_before_or_during_fit_stops_the_others_at_once(tmp_path, where):
+    """Replica 1 raises before `fit` (replica 0 waits at the first meeting) or mid-epoch (replica 0 waits for its gradients in
+    gloo's all-reduce: what a script under xmp.spawn is, with gloo instead of torch_xla's collectives): replica 0 stops
+    within FASTAI_XLA_FAULT_GRACE, printing replica 1's traceback, not after the timeout."""
     procs = start_replicas(f'WHERE = {where!r}\n' + BEFORE_OR_DURING, tmp_path, FASTAI_XLA_TIMEOUT='120', FASTAI_XLA_FAULT_GRACE='2')
     codes, ended = wait_all(procs)
     err0 = (tmp_path/'err-0.txt').read_text()
     assert codes[0] != 0 and codes[1] != 0, (codes, err0[-3000:])
     assert f'boom, {where}' in err0, err0[-3000:]                 # replica 1's own error, in replica 0's
+    assert 'replica 1 failed' in err0 and 'Traceback' in (tmp_path/'err-1.txt').read_text(), err0[-3000:]
     took = ended - float((tmp_path/'raised').read_text())
     assert took < 30, took
     fault_row(f'a replica raises {where}', "every replica stops; the others' error holds its traceback", took,

@@ -56,22 +56,24 @@ _pip() {   # $1: the environment, the rest: pip install's arguments; pip is quie
     return "$rc"
 }
 
-if ! _stamp_ok "$ROOT/.venv" "$BASE_SPEC"; then
-    _need_disk 12 "creating $ROOT/.venv (torch + torch_xla)"
-    echo "fastai_xla: creating $ROOT/.venv (torch + torch_xla take a few minutes)..." >&2
-    _new_venv "$PY" "$ROOT/.venv"
-    _pip "$ROOT/.venv" $BASE_SPEC
-    _pip "$ROOT/.venv" --no-deps -e "$ROOT"
-    echo "$BASE_SPEC" > "$ROOT/.venv/.fastai_xla-stamp"
-fi
+dev_env() {   # .venv
+    if ! _stamp_ok "$ROOT/.venv" "$BASE_SPEC"; then
+        _need_disk 12 "creating $ROOT/.venv (torch + torch_xla)"
+        echo "fastai_xla: creating $ROOT/.venv (torch + torch_xla take a few minutes)..." >&2
+        _new_venv "$PY" "$ROOT/.venv"
+        _pip "$ROOT/.venv" $BASE_SPEC
+        _pip "$ROOT/.venv" --no-deps -e "$ROOT"
+        echo "$BASE_SPEC" > "$ROOT/.venv/.fastai_xla-stamp"
+    fi
 
-# added since .venv's spec: the docs' renderer where Quarto is missing (nbconvert), tests two at a time (pytest-xdist),
-# timm's models for benchmarks/architectures.py
-DEV_EXTRAS="nbconvert pytest-xdist timm"
-if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
-    _pip "$ROOT/.venv" $DEV_EXTRAS
-    echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"
-fi
+    # added since .venv's spec: the docs' renderer where Quarto is missing (nbconvert), tests two at a time (pytest-xdist),
+    # timm's models for benchmarks/architectures.py
+    DEV_EXTRAS="nbconvert pytest-xdist timm"
+    if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
+        _pip "$ROOT/.venv" $DEV_EXTRAS
+        echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"
+    fi
+}
 
 # the README's install command for the TPU images (they bring torch_xla), with this checkout as the source
 image_install() {   # $1: the environment, $2: what to install
@@ -135,8 +137,12 @@ torchtpu_env() {
     "$venv/bin/pip" install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$ROOT" 2>&1 | _quiet_pip
 }
 
-if [ "${1:-}" = images ]; then
-    image_env colab 3.13 "$COLAB_IMAGE"
-    image_env kaggle 3.12 "$KAGGLE_IMAGE"
-    torchtpu_env
-fi
+# `images`: .venv and the three image stacks; `colab-kaggle` or `torchtpu`: those alone (.venv must exist for colab and
+# kaggle, which link its CUDA libraries; TorchTPU's needs nothing of it: scripts/test.sh makes it while .venv's pip runs,
+# on the core pip leaves idle); anything else (no argument, the arguments of the script that sources this one): .venv
+case "${1:-}" in
+    images) dev_env; image_env colab 3.13 "$COLAB_IMAGE"; image_env kaggle 3.12 "$KAGGLE_IMAGE"; torchtpu_env ;;
+    colab-kaggle) image_env colab 3.13 "$COLAB_IMAGE"; image_env kaggle 3.12 "$KAGGLE_IMAGE" ;;
+    torchtpu) torchtpu_env ;;
+    *) dev_env ;;
+esac

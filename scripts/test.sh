@@ -26,13 +26,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 times=()
 lap() { times+=("$1: $(( (SECONDS - lap_start) / 60 )) min $(( (SECONDS - lap_start) % 60 )) s"); lap_start=$SECONDS; }
 start=$SECONDS; lap_start=$SECONDS
+# the image stacks' environments are made in the background, their output kept for when stack 2 needs them: TorchTPU's
+# beside .venv's set-up (pip keeps one core busy, and TorchTPU's stack needs nothing of .venv), Colab's and Kaggle's (which
+# link .venv's CUDA libraries) while stack 1 runs
+background_setup() {   # $1: env.sh's argument, in the background, its output to $2 (the job's pid: $!)
+    ( s=$SECONDS; bash -c "source '$ROOT/scripts/env.sh' $1" && echo "$1 set-up: $(( (SECONDS - s) / 60 )) min $(( (SECONDS - s) % 60 )) s" ) > "$2" 2>&1 &
+}
+TORCHTPU_LOG="$ROOT/.torchtpu-setup.log"; IMAGES_LOG="$ROOT/.images-setup.log"
+background_setup torchtpu "$TORCHTPU_LOG"; TORCHTPU_PID=$!
 source "$ROOT/scripts/env.sh"
 lap "set-up (.venv)"
-# the image stacks' environments are made in the background while stack 1 runs (pip waits on the network and the disk
-# more than on the cores), their output kept for when stack 2 needs them
-IMAGES_LOG="$ROOT/.images-setup.log"
-( images_start=$SECONDS; bash -c "source '$ROOT/scripts/env.sh' images" && echo "images set-up: $(( (SECONDS - images_start) / 60 )) min $(( (SECONDS - images_start) % 60 )) s" ) > "$IMAGES_LOG" 2>&1 &
-IMAGES_PID=$!
+background_setup colab-kaggle "$IMAGES_LOG"; IMAGES_PID=$!
 cd "$ROOT"
 export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
@@ -59,8 +63,11 @@ PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
 lap "stack 1 docs"
 
 echo "== the image stacks' environments (made in the background during stack 1)"
-if ! wait "$IMAGES_PID"; then cat "$IMAGES_LOG" >&2; echo "fastai_xla: setting up the image stacks failed (above)" >&2; exit 1; fi
-cat "$IMAGES_LOG"
+for job in "$TORCHTPU_PID $TORCHTPU_LOG" "$IMAGES_PID $IMAGES_LOG"; do
+    read -r pid log <<< "$job"
+    if ! wait "$pid"; then cat "$log" >&2; echo "fastai_xla: setting up the image stacks failed (above)" >&2; exit 1; fi
+    cat "$log"
+done
 lap "waiting for the image stacks' set-up"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what differs between the stacks and what fastai's version decides"
 # one run, two at a time: each notebook a unit of work, each test file one (tests/conftest.py's xdist groups)

@@ -56,10 +56,13 @@ SLOW = {
                      'test_sharded_parameters_train_like_replicated': 'shard_params: nbs/08_spmd'},
     'test_pod.py': {'*': "replicas' local ranks, shards, checkpoints and resume: test_replicas.py, test_checkpoint.py "
                          "(each host writes its own checkpoint), test_preemption.py"},
-    'test_applications.py': {'test_image_folder_with_aug_transforms_on_two_replicas': 'device batch transforms: [on_the_device]; replicas: test_replicas.py'},
+    'test_applications.py': {'test_image_folder_with_aug_transforms_on_two_replicas': 'device batch transforms: [on_the_device]; replicas: test_replicas.py',
+                             'test_segmentation_with_augmentation_and_dice': "masks warped with their images on the device, as fastai "
+                             "does on the CPU: nbs/12_augment; DiceMulti counted on the device, exact: nbs/02b_metrics; a recipe "
+                             "trained with aug_transforms on the device: test_image_folder_with_aug_transforms_on_the_device"},
     'test_fastai_features.py': {'test_training_feature_learns_like_eager_and_stays_steady[MixUp]': "fastai's MixHandler (lambda drawn per batch, "
                                 "the mixed loss): the [CutMix] case"},
-    'test_replicas.py': {'test_segmentation_metrics_summed_over_two_replicas_equal_one_device': "replicas' exact metrics: test_metrics_equal_one_device_for_the_same_weights; segmentation metrics: test_applications.py"},
+    'test_replicas.py': {'test_segmentation_metrics_summed_over_two_replicas_equal_one_device': "replicas' exact metrics: test_metrics_equal_one_device_for_the_same_weights; segmentation metrics: nbs/02b_metrics"},
     'test_single_device.py': {f'test_no_hyper_parameter_value_compiles_late[{k}]': 'the sweep\'s other cases, and test_fastai_schedules_compile_in_the_first_epoch_only'
                               for k in ('wd0.0-fit_one_cycle-0', 'wd0.0001-fit_flat_cos-1', 'wd0.1-fit_one_cycle-3', 'wd0.1-fit_flat_cos-5', 'wd1.0-fit_one_cycle-4')},
 }

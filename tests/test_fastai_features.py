@@ -88,7 +88,7 @@ def prepare():
     return len(list(Path('prepared').iterdir()))
 seen = rank0_first(prepare)                                  # fastai's rank0_first: the master first, then the others
 if replica_ordinal() == 0: Path('prepared', 'done').write_text('x')
-learn = digits_learner(bs=32)
+learn = linear_digits_learner()
 with learn.distrib_ctx():                                     # fastai's distrib_ctx: a replica of the run inside
     learn.fit(1, 1e-2)
     ours = replica_count()

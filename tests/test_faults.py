@@ -35,7 +35,7 @@ def wait_all(procs, timeout=300):
 
 OUTSIDE_FIT = """
 from helpers import *
-learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
 learn.fit(1, 1e-2)
 if replica_ordinal() == 1:
     Path('raised').write_text(repr(time.time()))
@@ -62,7 +62,7 @@ def die(): Path('killed').write_text(repr(time.time())); os.kill(os.getpid(), si
 class KillMe(Callback):
     def before_batch(self):
         if WHERE == 'mid-epoch' and replica_ordinal() == 1 and self.training and (self.epoch, self.iter) == (1, 3): die()
-learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
 learn.fit(2, 1e-2, cbs=KillMe())
 if WHERE == 'between fit and validate' and replica_ordinal() == 1: die()
 learn.validate()
@@ -99,7 +99,7 @@ class RaiseMidEpoch(Callback):
     def before_batch(self):
         if WHERE == 'during fit' and replica_ordinal() == 1 and self.training and (self.epoch, self.iter) == (0, 3):
             Path('raised').write_text(repr(time.time())); raise ValueError(f'boom, {WHERE}')
-learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
 if WHERE == 'before fit' and replica_ordinal() == 1:
     Path('raised').write_text(repr(time.time())); raise ValueError(f'boom, {WHERE}')
 learn.fit(2, 1e-2, cbs=RaiseMidEpoch())
@@ -123,7 +123,7 @@ def test_a_failure_before_or_during_fit_stops_the_others_at_once(tmp_path, where
 
 NEVER_MEETS = """
 from helpers import *
-learn = digits_learner(bs=32).to_tpu_distributed(seed=0)
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
 """
 
 def test_a_replica_that_never_starts(tmp_path):
@@ -189,7 +189,7 @@ def train(learn):
     Path(f'replica-{replica_ordinal()}.pid').write_text(str(os.getpid()))
     learn.fit(50, 1e-3)                  # long: the launcher dies first
 if __name__ == '__main__':
-    learn = digits_learner(bs=32)
+    learn = linear_digits_learner()
     learn.launch(train, nprocs=2, transport='gloo')
 """
 

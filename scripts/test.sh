@@ -17,7 +17,7 @@
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: about 58 minutes on a fresh clone of a quiet 2-core machine, set-up included (the
+# minutes more. The default run is CI's: about 57 minutes on a fresh clone of a quiet 2-core machine, set-up included (the
 # goal is 50). Other arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi

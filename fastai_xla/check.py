@@ -173,7 +173,7 @@ def worker(kind:str, out_dir:str):
     else: checks('to_tpu_spmd: every device from one process', _spmd_check, out_dir)
     Path(out_dir, f'{kind}.json').write_text(json.dumps(checks.results))
 
-# %% ../nbs/10_check.ipynb #5c93c80b
+# %% ../nbs/10_check.ipynb #817f3f6b
 def _run_worker(kind, out_dir, env, timeout):
     t = time.time()
     cmd = [sys.executable, '-m', 'fastai_xla.check', '--worker', kind, '--out', str(out_dir)]
@@ -207,7 +207,7 @@ def run_checks(timeout:float=900, only:list|None=None) -> dict:
     one_device = env['backend'] == 'torch_xla' and not env['tpu_chips_on_pci']
     if one_device: proc_env['XLA_ALWAYS_ALLREDUCE'] = '1'      # (one CPU device: its collectives run all the same)
     proc_env.setdefault('PJRT_DEVICE', 'TPU' if env['tpu_chips_on_pci'] and env['torch_xla'] else 'CPU')
-    kinds = [k for k in ['spawn', 'launch'] + (['spmd'] if env['backend'] == 'torch_xla' else []) if not only or k in only]
+    kinds = [k for k in WAYS if (k != 'spmd' or env['backend'] == 'torch_xla') and (not only or k in only)]
     checks = []
     for kind in kinds:
         with tempfile.TemporaryDirectory() as d:

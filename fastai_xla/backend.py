@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
            'backend_named', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #eac1040e
+# %% ../nbs/00_backend.ipynb #04b3326a
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -32,6 +32,11 @@ class Runtime:
     def autocast_device_type(self) -> str: "The device type `torch.autocast` takes for this device."; return self.device_type
     def prepare_threads(self, threads:int): "In a process about to run `threads` replicas as threads (TPU v2/v3), before any device is used: a device for each."
     def use_thread_device(self, index:int): "Make the calling thread, replica thread `index` of its process, use its own device."
+    modules = ()         # what each replica of this runtime imports (torch_xla's: ~5 s of a core), which `preload` imports first
+    def preload(self):
+        "Import `modules` without starting the device: replica processes forked from this process (or its fork server) inherit them."
+        import importlib
+        for m in self.modules: importlib.import_module(m)
 
 class Collectives:
     "How this replica reaches the others of its run. With one replica every collective is skipped, unless `runs_alone` (torch_xla's `XLA_ALWAYS_ALLREDUCE=1`)."

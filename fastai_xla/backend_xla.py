@@ -106,7 +106,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00d_backend_xla.ipynb #351e82a2
+# %% ../nbs/00d_backend_xla.ipynb #15ba9b0a
 class XLARuntime(Runtime):
     "torch_xla's lazy `xla` device."
     device_type = 'xla'
@@ -124,6 +124,10 @@ class XLARuntime(Runtime):
     def prepare_threads(self, threads):
         if os.environ.get('PJRT_DEVICE', 'CPU') == 'CPU': os.environ['CPU_NUM_DEVICES'] = str(threads)
     def use_thread_device(self, index): _C()._xla_set_default_device(f'xla:{index}')
+    modules = ('torch_xla', 'torch_xla.core.xla_model', 'torch_xla.runtime', 'torch_xla.debug.metrics')
+    def preload(self):
+        import_torch_xla()                   # (its checks first, and `PJRT_DEVICE` chosen here: the replicas inherit it, said once)
+        super().preload()
 
 # %% ../nbs/00d_backend_xla.ipynb #32ef71c0
 def always_all_reduce() -> bool:

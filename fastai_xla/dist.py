@@ -129,7 +129,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #b0cd02d9
+# %% ../nbs/00c_dist.ipynb #83046553
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -225,9 +225,9 @@ def _same_interpreter_env() -> dict:
 
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
-def _fork_server_preload() -> list:
-    "What a new fork server imports before it forks: fastai_xla and the fastai applications this process imported."
-    return ['fastai_xla.all', *(m for m in _PRELOADED_IF_IMPORTED if m in sys.modules)]
+def _fork_server_preload(runtime_modules=()) -> list:
+    "What a new fork server imports before it forks: fastai_xla, the fastai applications this process imported, the runtime's modules."
+    return ['fastai_xla.all', *(m for m in _PRELOADED_IF_IMPORTED if m in sys.modules), *runtime_modules]
 
 def _message(sock, fds:int=0):
     "The next message on `sock` (and the descriptors it carries, when `fds`), or None when the other end is gone."
@@ -270,8 +270,9 @@ def _forked_replica(sock, request:dict, fds:list):
 
 class ForkServer:
     "A fork server for this process (ForkServer.get() starts it once, again if it ended), and the replica processes it forked."
-    _current = None
+    _current, _starting = None, threading.Lock()
     def __init__(self, preload:list):
+        self.preload = preload
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', 'serve', str(theirs.fileno()), *preload],
                                      pass_fds=[theirs.fileno()], env=_same_interpreter_env())
@@ -281,10 +282,12 @@ class ForkServer:
         threading.Thread(target=self._listen, daemon=True, name='fastai_xla fork server').start()
 
     @classmethod
-    def get(cls) -> 'ForkServer':
-        "This process's fork server, started (or started again, if it ended) now."
-        if cls._current is None or cls._current.proc.poll() is not None: cls._current = cls(_fork_server_preload())
-        return cls._current
+    def get(cls, runtime_modules=()) -> 'ForkServer':
+        "This process's fork server, started (or started again, if it ended) now, importing `runtime_modules` too (a `Runtime.modules`)."
+        # (a running server that did not import them still serves: its replicas import them, as spawned ones do)
+        with cls._starting:
+            if cls._current is None or cls._current.proc.poll() is not None: cls._current = cls(_fork_server_preload(runtime_modules))
+            return cls._current
 
     def _listen(self):
         while True:
@@ -355,13 +358,15 @@ class ReplicaProcesses(Launcher):
         if self.before_start is not None: self.before_start(nprocs)
         port, world = free_port(), nprocs
         envs = [replica_env(_replica_settings(self.settings, r, world, world, port)) for r in range(nprocs)]
+        runtime = backend_named(self.settings.backend).runtime
+        if start_method in ('fork', 'forkserver'): runtime.preload()   # (what each replica imports: inherited, not imported n times)
         if start_method == 'fork': self.procs = [_Forked(e, self.threads, (fn, tuple(args))) for e in envs]
         else:
             self.dir = Path(tempfile.mkdtemp(prefix='fastai_xla-replicas-'))
             job = self.dir/'job.pkl'
             job.write_bytes(cloudpickle.dumps((fn, tuple(args))))
             if start_method == 'forkserver':
-                server = ForkServer.get()
+                server = ForkServer.get(runtime.modules)
                 self.procs = [server.fork({**os.environ, **e}, self.threads, str(job)) for e in envs]
             else:
                 base = _same_interpreter_env()

@@ -7,9 +7,9 @@
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
 #      installed with the README's command, in one pytest run: every notebook's tests in a Jupyter kernel (run here
 #      only: on the newest fastai, where fastai's changes show first; `nbdev_test` runs them on .venv, as a developer
-#      does), and the tests marked `stacks` (what torch_xla's and Python's versions decide) and `fastai_version`
-#      (what fastai's decides: fastai's training features, a launch from a notebook's kernel); tests/conftest.py
-#      lists them, with why
+#      does), and the tests marked `fastai_version` (what fastai's or Python's version decides: fastai's training
+#      features, pickling, replica processes, a launch from a notebook's kernel; not what torch_xla's alone decides:
+#      its torch_xla is .venv's); tests/conftest.py lists them, with why
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
 #   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
@@ -69,9 +69,9 @@ for job in "$TORCHTPU_PID $TORCHTPU_LOG" "$IMAGES_PID $IMAGES_LOG"; do
     cat "$log"
 done
 lap "waiting for the image stacks' set-up"
-echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what differs between the stacks and what fastai's version decides"
+echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what fastai's or Python's version decides"
 # one run, two at a time: each notebook a unit of work, each test file one (tests/conftest.py's xdist groups)
-.venv-colab/bin/python -m pytest -n 2 --dist loadgroup -m "notebooks or ((stacks or fastai_version)$SLOW_TESTS)" --durations=10 "$@" tests
+.venv-colab/bin/python -m pytest -n 2 --dist loadgroup -m "notebooks or (fastai_version$SLOW_TESTS)" --durations=10 "$@" tests
 lap "stack 2 (Colab)"
 
 echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"

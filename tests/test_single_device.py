@@ -136,19 +136,22 @@ def small_body(pretrained=False):
     return nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1), nn.BatchNorm2d(32),
                          nn.ReLU(), nn.AdaptiveAvgPool2d(1))
 
+class FirstBodyWeight(Callback):
+    "The body's first convolution weight at the start and end of each fit."
+    def before_fit(self): self.fits = getattr(self, 'fits', []) + [[self.weight()]]
+    def after_fit(self): self.fits[-1].append(self.weight())
+    def weight(self): return self.learn.model[0][0].weight.detach().cpu().clone()
+
 def test_fine_tune_freezes_then_unfreezes():
+    "fastai's `fine_tune` on XLA: its frozen fit leaves the body's convolutions where they were, the unfrozen one moves them."
     from fastai.vision.all import vision_learner
     set_seed(0)
-    learn = vision_learner(digits_dls(bs=64), small_body, pretrained=False, n_in=1, metrics=accuracy)
-    learn.freeze()
-    learn.to_xla(seed=0)
-    body = [p for p in learn.model[0].parameters() if not isinstance(p, torch.Tensor) or p.dim() > 1][:1][0]
-    b0 = body.detach().cpu().clone()
-    learn.fit(1, 1e-3)                                   # frozen: the body's convolutions do not move
-    assert torch.equal(b0, learn.model[0][0].weight.detach().cpu())
-    learn.unfreeze(); learn.fit(1, 1e-3)
-    assert not torch.equal(b0, learn.model[0][0].weight.detach().cpu())
+    watch = FirstBodyWeight()
+    learn = vision_learner(digits_dls(bs=64), small_body, pretrained=False, n_in=1, metrics=accuracy, cbs=watch).to_xla(seed=0)
     learn.fine_tune(1, freeze_epochs=1)
+    (frozen0, frozen1), (tuned0, tuned1) = watch.fits
+    assert torch.equal(frozen0, frozen1) and torch.equal(frozen1, tuned0)
+    assert not torch.equal(tuned0, tuned1)
     assert final(learn, 'accuracy') > 0.5
 
 def test_gradient_accumulation_steps_every_other_batch():

@@ -177,7 +177,7 @@ def _passing_sigterm(pids):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #4a9d2a51
+# %% ../nbs/04a_launch.ipynb #67b218d1
 def _write_job(job_dir, job, method='spawn'):
     try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
     except Exception as e:
@@ -185,10 +185,11 @@ def _write_job(job_dir, job, method='spawn'):
                            f"{type(e).__name__}: {e}. Use start_method='fork' (Linux), or move what cannot be pickled "
                            f"(for example fastai Transforms defined in the notebook, with fastai < 2.8.12) into a module.") from e
 
-_SPAWNED_AFTER_EAGER = ("fastai_xla: this process ran a backward pass on the CPU before its first launch (a first eager `fit`?), so "
+_STARTED_AGAIN_AFTER_EAGER = ("fastai_xla: this process ran a backward pass on the CPU before its first launch (a first eager `fit`?), so "
     "replicas forked from it cannot train on the XLA device (PyTorch's autograd engine started without it): starting them "
-    "again with start_method='spawn' (fresh processes; the learner and the function are pickled). Pass start_method='spawn' "
+    "again with start_method={method!r} ({how}; the learner and the function are pickled). Pass start_method={method!r} "
     "to skip the first try.")
+_HOW = dict(forkserver='forked from a fresh process, which imported fastai once', spawn='fresh processes')
 
 @patch
 def launch(self:Learner,
@@ -222,9 +223,10 @@ def launch(self:Learner,
         try: out = self._launch_job(job_dir, job, launcher, nprocs, method, settings.fault_grace)
         except RuntimeError as e:
             if not (start_method == 'auto' and method == 'fork' and 'AutogradStartedFirst' in str(e)): raise
-            print(_SPAWNED_AFTER_EAGER, file=sys.stderr, flush=True)
+            again = launcher.start_method('auto', runtime_started=True)   # (processes whose autograd engine is fresh)
+            print(_STARTED_AGAIN_AFTER_EAGER.format(method=again, how=_HOW[again]), file=sys.stderr, flush=True)
             for f in [*job_dir.glob('error-*.txt'), job_dir/'events.jsonl']: f.unlink(missing_ok=True)
-            out = self._launch_job(job_dir, job, launcher, nprocs, 'spawn', settings.fault_grace)
+            out = self._launch_job(job_dir, job, launcher, nprocs, again, settings.fault_grace)
         ok = True
         return out
     finally:

@@ -187,12 +187,12 @@ print('LAUNCHED', learn.recorder.values[-1][-1])
 '''
 
 def test_a_launch_after_an_eager_fit_trains():
-    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again with spawn and says so; spawn pickles fastai 2.8.7's loaders (plum's lock: 01_pickling)."
+    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again from its fork server (a fresh process) and says so; the job pickles fastai 2.8.7's loaders (plum's lock: 01_pickling)."
     with tempfile.TemporaryDirectory() as d:
         (Path(d)/'notebook.py').write_text(EAGER_THEN_LAUNCH)
         r = subprocess.run([sys.executable, 'notebook.py'], capture_output=True, text=True, timeout=600, cwd=d, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "starting them again with start_method='spawn'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert "starting them again with start_method='forkserver'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
     assert float(r.stdout.split('LAUNCHED ')[1].split()[0]) > 0.5, r.stdout[-2000:]
     fault_row('`learn.launch` after an eager CPU `fit` in the same notebook', "`fastai_xla: this process ran a backward pass on the CPU "
-              "before its first launch ...: starting them again with start_method='spawn'`, and it trains", None, 'nothing (a first try of a few seconds)')
+              "before its first launch ...: starting them again with start_method='forkserver' (forked from a fresh process, ...)`, and it trains", None, 'nothing (a first try of a few seconds)')

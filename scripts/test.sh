@@ -26,17 +26,26 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 times=()
 lap() { times+=("$1: $(( (SECONDS - lap_start) / 60 )) min $(( (SECONDS - lap_start) % 60 )) s"); lap_start=$SECONDS; }
 start=$SECONDS; lap_start=$SECONDS
-# the image stacks' environments are made in the background, their output kept for when stack 2 needs them: TorchTPU's
-# beside .venv's set-up (pip keeps one core busy, and TorchTPU's stack needs nothing of .venv), Colab's and Kaggle's (which
-# link .venv's CUDA libraries) while stack 1 runs
-background_setup() {   # $1: env.sh's argument, in the background, its output to $2 (the job's pid: $!)
-    ( s=$SECONDS; bash -c "source '$ROOT/scripts/env.sh' $1" && echo "$1 set-up: $(( (SECONDS - s) / 60 )) min $(( (SECONDS - s) % 60 )) s" ) > "$2" 2>&1 &
+# Work that keeps one core busy runs beside other work, its output kept in a log for when it is needed: TorchTPU's
+# environment beside .venv's set-up (pip keeps one core busy, and TorchTPU's stack needs nothing of .venv); Colab's and
+# Kaggle's (which link .venv's CUDA libraries) while stack 1 runs; at the end, the single processes side by side.
+LOGS="$ROOT/.test-logs"; rm -rf "$LOGS"; mkdir -p "$LOGS"
+in_background() {   # $1: the name its time line gives, then the command; its log: $LOGS/<name>.log, its pid: $!
+    local name=$1; shift
+    ( s=$SECONDS; "$@" && echo "$name: $(( (SECONDS - s) / 60 )) min $(( (SECONDS - s) % 60 )) s" ) > "$LOGS/$name.log" 2>&1 &
 }
-TORCHTPU_LOG="$ROOT/.torchtpu-setup.log"; IMAGES_LOG="$ROOT/.images-setup.log"
-background_setup torchtpu "$TORCHTPU_LOG"; TORCHTPU_PID=$!
+finish() {   # each "pid name" given: wait for it, print its log; stop at the first that failed
+    for job in "$@"; do
+        read -r pid name <<< "$job"
+        if ! wait "$pid"; then cat "$LOGS/$name.log" >&2; echo "fastai_xla: $name failed (above)" >&2; exit 1; fi
+        cat "$LOGS/$name.log"; times+=("$(tail -n 1 "$LOGS/$name.log")")   # (its time line, for the summary)
+    done
+}
+setup() { bash -c "source '$ROOT/scripts/env.sh' $1"; }
+in_background "torchtpu set-up" setup torchtpu; TORCHTPU_SETUP=$!
 source "$ROOT/scripts/env.sh"
 lap "set-up (.venv)"
-background_setup colab-kaggle "$IMAGES_LOG"; IMAGES_PID=$!
+in_background "colab-kaggle set-up" setup colab-kaggle; IMAGES_SETUP=$!
 cd "$ROOT"
 export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
@@ -58,16 +67,8 @@ FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "$(
     tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py \
     tests/test_readme.py tests/test_preemption.py
 lap "stack 1 native backend"
-echo "== 1. $(stack .venv): the docs site"
-PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py
-lap "stack 1 docs"
-
 echo "== the image stacks' environments (made in the background during stack 1)"
-for job in "$TORCHTPU_PID $TORCHTPU_LOG" "$IMAGES_PID $IMAGES_LOG"; do
-    read -r pid log <<< "$job"
-    if ! wait "$pid"; then cat "$log" >&2; echo "fastai_xla: setting up the image stacks failed (above)" >&2; exit 1; fi
-    cat "$log"
-done
+finish "$TORCHTPU_SETUP torchtpu set-up" "$IMAGES_SETUP colab-kaggle set-up"
 lap "waiting for the image stacks' set-up"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what fastai's or Python's version decides"
 # one run, two at a time: each notebook a unit of work, each test file one (tests/conftest.py's xdist groups)
@@ -76,12 +77,18 @@ lap "stack 2 (Colab)"
 
 echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
 .venv-kaggle/bin/python -m pytest -n 2 --dist loadfile -m "stacks$SLOW_TESTS" "$@" tests
-echo "== 3. $(stack .venv-kaggle): the demo"
-.venv-kaggle/bin/python examples/train_digits.py --epochs 3
-lap "stack 3 (Kaggle)"
+lap "stack 3 (Kaggle) pytest"
 
-echo "== 4. $(.venv-torchtpu/bin/python -c 'import sys, torch, importlib.metadata as m, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch-tpu {m.version(\"torch_tpu\")}, fastai {fastai.__version__}")' 2>/dev/null): TorchTPU without a chip"
-PYTHONWARNINGS=ignore .venv-torchtpu/bin/python -m pytest "$@" tests/test_torchtpu.py
-lap "stack 4 (TorchTPU)"
+# three single processes, side by side on the two cores: the demo on Kaggle's stack, TorchTPU's stack, the docs site
+echo "== side by side: 3. $(stack .venv-kaggle): the demo; 4. TorchTPU without a chip; 1. the docs site"
+torchtpu_stack() {
+    echo "== 4. $(.venv-torchtpu/bin/python -c 'import sys, torch, importlib.metadata as m, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch-tpu {m.version(\"torch_tpu\")}, fastai {fastai.__version__}")' 2>/dev/null): TorchTPU without a chip"
+    PYTHONWARNINGS=ignore .venv-torchtpu/bin/python -m pytest "$@" tests/test_torchtpu.py
+}
+in_background "stack 3 (Kaggle) demo" .venv-kaggle/bin/python examples/train_digits.py --epochs 3; DEMO=$!
+in_background "stack 4 (TorchTPU)" torchtpu_stack "$@"; TORCHTPU=$!
+in_background "stack 1 docs" env PATH="$ROOT/.venv/bin:$PATH" .venv/bin/python tools/docs.py; DOCS=$!
+finish "$DEMO stack 3 (Kaggle) demo" "$TORCHTPU stack 4 (TorchTPU)" "$DOCS stack 1 docs"
+lap "the demo, TorchTPU's stack and the docs, side by side"
 printf '%s\n' "${times[@]}"
 echo "== all stacks passed in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s, set-up included"

@@ -45,7 +45,9 @@ ON_NEWEST_FASTAI = {
     'test_fastai_features.py': ['test_training_feature_learns_like_eager_and_stays_steady[CutMix]',
         'test_saving_stopping_logging_callbacks', 'test_channels_last_and_fp16_are_refused_with_what_to_call',
         'test_fastai_gpu_script_calls_on_two_replicas'],
-    'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_collab_from_a_ratings_frame'],
+    # (the image recipe trained end to end runs on the development stack: here, nbs/12_augment checks each of its device
+    # transforms against the newest fastai's, masks and points included)
+    'test_applications.py': ['test_collab_from_a_ratings_frame'],
     'test_notebook_launch.py': None,         # launching from a notebook's kernel: what a Colab user does
     'test_launch.py': ON_EVERY_STACK['test_launch.py'],       # fastai's learners, loaders and optimizers pickled; processes
     'test_replicas.py': ON_EVERY_STACK['test_replicas.py'],   # replica processes: forked, served, their sockets and signals
@@ -59,7 +61,9 @@ ON_NEWEST_FASTAI = {
 SLOW = {
     'test_architectures.py': {'*': "every module's XLA version: nbs/13_models; the whole table: benchmarks/architectures.py"},
     'test_examples.py': {'test_fastai_imagenette_script_ported_to_xla': "xresnet, ranger, MixUp, label smoothing: test_fastai_features.py, 13_models",
-                         'test_fastai_imdb_script_ported_to_xla': 'AWD_LSTM classifier and fine_tune: test_text.py, nbs/11_text'},
+                         'test_fastai_imdb_script_ported_to_xla': 'AWD_LSTM classifier and fine_tune: test_text.py, nbs/11_text',
+                         'test_fastai_tabular_script_ported_to_xla': "a tabular learner from a frame, its embeddings, against eager: "
+                         "test_single_device.py's test_tabular_with_embeddings_matches_eager_cpu"},
     'test_spmd.py': {'test_spmd_trains_like_one_device[tabular]': 'SPMD on the digits images: the [digits] case',
                      'test_sharded_parameters_train_like_replicated': 'shard_params: nbs/08_spmd'},
     'test_pod.py': {'*': "replicas' local ranks, shards, checkpoints and resume: test_replicas.py, test_checkpoint.py "
@@ -69,7 +73,9 @@ SLOW = {
                              "does on the CPU: nbs/12_augment; DiceMulti counted on the device, exact: nbs/02b_metrics; a recipe "
                              "trained with aug_transforms on the device: test_image_folder_with_aug_transforms_on_the_device"},
     'test_fastai_features.py': {'test_training_feature_learns_like_eager_and_stays_steady[MixUp]': "fastai's MixHandler (lambda drawn per batch, "
-                                "the mixed loss): the [CutMix] case"},
+                                "the mixed loss): the [CutMix] case",
+                                'test_training_feature_learns_like_eager_and_stays_steady[label smoothing]': "a loss function of fastai's "
+                                "on the device (a plain function of the outputs, compiled into the step): the [CutMix] case's mixed loss"},
     'test_replicas.py': {'test_segmentation_metrics_summed_over_two_replicas_equal_one_device': "replicas' exact metrics: test_metrics_equal_one_device_for_the_same_weights; segmentation metrics: nbs/02b_metrics"},
     'test_single_device.py': {f'test_no_hyper_parameter_value_compiles_late[{k}]': 'the sweep\'s other cases, and test_fastai_schedules_compile_in_the_first_epoch_only'
                               for k in ('wd0.0-fit_one_cycle-0', 'wd0.0001-fit_flat_cos-1', 'wd0.1-fit_one_cycle-3', 'wd0.1-fit_flat_cos-5', 'wd1.0-fit_one_cycle-4')},
@@ -78,6 +84,9 @@ SLOW['test_readme.py'] = {
     'test_readme_snippet_runs_as_written[script]': 'spawn, to_tpu_distributed, an image folder with aug_transforms: test_launch.py (the script form), test_applications.py, the Kaggle stack\'s demo',
     'test_readme_snippet_runs_as_written[notebook]': 'learn.launch from a notebook: test_notebook_launch.py, test_tpu_path.py (8 replicas), 04a_launch',
     'test_readme_snippet_runs_as_written[spmd]': 'to_tpu_spmd: test_spmd.py (the same calls on the digits)'}
+SLOW['test_tpu_path.py'] = {
+    'test_eight_replicas_from_a_script': "8 replicas forked, gloo, shards, exact metrics, one checkpoint: test_eight_replicas_from_a_notebook "
+        "(the same ReplicaProcesses); one progress table from a script's replicas: test_launch.py's script forms"}
 SLOW['test_launch.py'] = {
     'test_launch_a_function_defined_in_main[gloo-2-spawn]': "a launch with spawn from a script's main: test_a_launch_after_an_eager_fit_trains "
         '(spawned after the fork fails; the learner, its loaders and the function pickled)'}

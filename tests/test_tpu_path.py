@@ -11,7 +11,7 @@
 2. Replicas as threads of one process (TPU v2/v3: Kaggle's v3-8, Colab's v2-8): 2 processes x 2 threads = 4 replicas over
    gloo, each thread its own run, group and store connection (`ReplicaProcesses(threads=2)`). torch_xla's own collectives
    cannot run between CPU threads (they deadlock, README): these threads talk through gloo.
-3. Eight replicas, the count of a v3-8 or v5e-8, on this 2-core machine: `learn.launch(nprocs=8)` and a script's `spawn`.
+3. Eight replicas, the count of a v3-8 or v5e-8, on this 2-core machine: `learn.launch(nprocs=8)` and a script's `spawn` (with `--all`).
 """
 import json, os, re, subprocess, sys, textwrap, time
 from pathlib import Path

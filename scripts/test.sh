@@ -17,8 +17,8 @@
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: about 57 minutes on a fresh clone of a quiet 2-core machine, set-up included (the
-# goal is 50). Other arguments go to every pytest run.
+# minutes more. The default run is CI's: 47.5 minutes on a fresh clone of a quiet 2-core machine, set-up included (the
+# goal: at most 50). Other arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi
 SLOW_TESTS=$([ $ALL = 1 ] && echo "" || echo " and not slow")
@@ -50,18 +50,19 @@ cd "$ROOT"
 export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
 
-echo "== 1. $(stack .venv): the package and README up to date with nbs/"
+DEV=$(stack .venv)   # (each stack's versions read once: a Python process importing torch, torch_xla and fastai, ~10 s)
+echo "== 1. $DEV: the package and README up to date with nbs/"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
 .venv/bin/python tools/readme.py --check
 if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each in a process of its own, two at a time)
     ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing
 fi
-echo "== 1. $(stack .venv): pytest"
+echo "== 1. $DEV: pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
-echo "== 1. $(stack .venv): pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
+echo "== 1. $DEV: pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
 # (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files)
 FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" \
     tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py \
@@ -75,12 +76,13 @@ echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest:
 .venv-colab/bin/python -m pytest -n 2 --dist loadgroup -m "notebooks or (fastai_version$SLOW_TESTS)" --durations=10 "$@" tests
 lap "stack 2 (Colab)"
 
-echo "== 3. $(stack .venv-kaggle): pytest, what differs between the stacks"
+KAGGLE=$(stack .venv-kaggle)
+echo "== 3. $KAGGLE: pytest, what differs between the stacks"
 .venv-kaggle/bin/python -m pytest -n 2 --dist loadfile -m "stacks$SLOW_TESTS" "$@" tests
 lap "stack 3 (Kaggle) pytest"
 
 # three single processes, side by side on the two cores: the demo on Kaggle's stack, TorchTPU's stack, the docs site
-echo "== side by side: 3. $(stack .venv-kaggle): the demo; 4. TorchTPU without a chip; 1. the docs site"
+echo "== side by side: 3. $KAGGLE: the demo; 4. TorchTPU without a chip; 1. the docs site"
 torchtpu_stack() {
     echo "== 4. $(.venv-torchtpu/bin/python -c 'import sys, torch, importlib.metadata as m, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch-tpu {m.version(\"torch_tpu\")}, fastai {fastai.__version__}")' 2>/dev/null): TorchTPU without a chip"
     PYTHONWARNINGS=ignore .venv-torchtpu/bin/python -m pytest "$@" tests/test_torchtpu.py

@@ -140,7 +140,7 @@ class ResizedCropOnXLA(XLAVersion):
         mat = crop_matrix(self.tl, self.cp_size, x.shape[-2:], x.shape[0]).to(x.device)
         return affine_coord_on_xla(x, mat, sz=self.size, mode=mode)
 
-# %% ../nbs/12_augment.ipynb #801acb1a
+# %% ../nbs/12_augment.ipynb #d0b1ba82
 def host_stand_in(b):
     "A CPU tensor of the type and shape of `b`'s first tensor with no data behind it: all fastai's draws look at."
     b = tensors_in(b)[0]
@@ -152,7 +152,8 @@ def drawn_on_host(tfm, b, split_idx=None):
     "Apply fastai's random batch transform `tfm` to the device batch `b`, its random draws made on the host as fastai makes them."
     tfm.before_call(host_stand_in(b), split_idx=split_idx)
     device = tensors_in(b)[0].device
-    for o in [tfm, *getattr(tfm, 'fs', [])]:
+    warps = [] if is_xla(device) else list(getattr(tfm, 'coord_fs', []))   # (see above)
+    for o in [tfm, *getattr(tfm, 'fs', []), *warps]:
         for k, v in vars(o).items():
             if isinstance(v, torch.Tensor): setattr(o, k, v.to(device))
     return super(RandTransform, tfm).__call__(b, split_idx=split_idx) if tfm.do else b

@@ -10,7 +10,7 @@ import torch
 # %% auto #0
 __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops', 'Backend',
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
-           'backend_named', 'runtime_of']
+           'backend_named', 'driving_backend', 'runtime_of']
 
 # %% ../nbs/00_backend.ipynb #04b3326a
 class Runtime:
@@ -118,7 +118,7 @@ class Loops:
         "The final carry and stacked outputs of the pure function `fn` over the first dimension of `xs`, as one loop."
         raise NotImplementedError
 
-# %% ../nbs/00_backend.ipynb #f7b4acf2
+# %% ../nbs/00_backend.ipynb #32b504b5
 class Backend:
     "One device runtime: an object per role, and the backend's decisions about replicas."
     name, device_types = None, ()   # device_types: the `torch.device` types of its devices, but the host's ('cpu')
@@ -128,6 +128,10 @@ class Backend:
     def runtime_for(cls, device_type:str) -> Runtime: "A runtime of this backend for tensors of `device_type` (to move them)."; raise NotImplementedError
     @classmethod
     def runtime_started_in_process(cls) -> bool: "Has this process started this backend's device runtime?"; return False
+    @classmethod
+    def trains_on_device_of(cls, other:str) -> bool:
+        "Does this backend train on the device of the backend `other` here (the native backend on torch_xla's `xla`)? Then `other`'s runtime started is this one's own."
+        return False
     @classmethod
     def check_usable(cls):
         "Raise an error saying why and what to do if this backend cannot run on this machine."
@@ -174,7 +178,7 @@ def google_torch_tpu() -> str|None:
 
 def has_torch_xla() -> bool: return importlib.util.find_spec('torch_xla') is not None
 
-# %% ../nbs/00_backend.ipynb #585bbe55
+# %% ../nbs/00_backend.ipynb #b7e354ae
 BACKENDS = {'torch_xla': 'fastai_xla.backend_xla:TorchXLA', 'native': 'fastai_xla.backend_native:Native'}
 
 def backend_class(name:str) -> type:
@@ -190,7 +194,7 @@ def backend_named(name:str|None=None) -> Backend:
     "A new instance of the backend `name` (None: `automatic_backend()`), checked: an error that says why it cannot run here."
     cls = backend_class(name or automatic_backend())
     cls.check_usable()
-    started = [n for n in BACKENDS if n != cls.name and _runtime_started(n)]
+    started = [n for n in BACKENDS if n != cls.name and _runtime_started(n) and not cls.trains_on_device_of(n)]
     if started:
         raise RuntimeError(f"This process already trains on the {started[0]} backend; one process uses one backend. "
                            f"Start a new process (or kernel) for {cls.name!r}.")
@@ -202,10 +206,14 @@ def _runtime_started(name) -> bool:
     import sys
     return module in sys.modules and backend_class(name).runtime_started_in_process()
 
-# %% ../nbs/00_backend.ipynb #b42cf308
+# %% ../nbs/00_backend.ipynb #0a19b520
+def driving_backend(device_type:str) -> type|None:
+    "The class of the backend whose own device `device_type` is (torch_xla's `xla`, TorchTPU's `tpu`), or None."
+    return next((backend_class(n) for n in BACKENDS if device_type in backend_class(n).device_types), None)
+
 def runtime_of(t) -> Runtime|None:
     "A runtime of the device that holds the tensor (or is the device) `t`, for moving tensors; `None` for the host's memory (the CPU)."
     dev = t if isinstance(t, torch.device) else getattr(t, 'device', None)
     if dev is None or dev.type == 'cpu': return None
-    cls = next((backend_class(n) for n in BACKENDS if dev.type in backend_class(n).device_types), None)
-    return None if cls is None else cls.runtime_for(dev.type)   # (a new one: runtimes belong to a replica's run, never shared)
+    cls = driving_backend(dev.type) or backend_class('native')   # (PyTorch's own eager devices: the native backend's)
+    return cls.runtime_for(dev.type)   # (a new one: runtimes belong to a replica's run, never shared)

@@ -19,10 +19,10 @@ from .run import replica_ordinal
 from .callback import finding_lr, on_xla_learner
 
 # %% auto #0
-__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'BOUND_ADVICE', 'fallback_counts',
+__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'UNTOLD', 'BOUND_ADVICE', 'fallback_counts',
            'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'learner_backend', 'epoch_clock',
-           'time_split', 'format_split', 'what_bounds', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics',
-           'enable_compile_cache', 'ProfileSteps']
+           'time_split', 'device_measured', 'format_split', 'what_bounds', 'DeviceReadProbe', 'XLADiagnostics',
+           'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
 
 # %% ../nbs/07_diagnostics.ipynb #1ed61fd9
 def fallback_counts() -> dict:
@@ -83,7 +83,7 @@ def fallback_advice(fallbacks:dict) -> str:
     return ' '.join(sorted(tips)) or ("Give the module an XLA version that lowers (`module_versions.register`, as 13_models does "
                                       "for `AvgPool2d(ceil_mode=True)`), or move the work into the data pipeline.")
 
-# %% ../nbs/07_diagnostics.ipynb #d1e9f045
+# %% ../nbs/07_diagnostics.ipynb #1799e78f
 def learner_backend(learn):
     "The backend `learn` trains on: its run's (set by `to_xla`), else this replica's."
     run = getattr(learn, 'xla_run', None)
@@ -99,18 +99,28 @@ HOST_SHARES = {'waiting_for_batches': 'waiting for batches', 'compiling': 'compi
                'waiting_for_device': 'waiting for the device', 'host_work': "the host's own work (tracing, Python)"}
 
 def time_split(before:dict, after:dict) -> dict:
-    "The seconds between two `epoch_clock`s: `wall`, split into the `HOST_SHARES` (`host_work`: the rest); `executing` and `transferring_in` beside it."
+    "The seconds between two `epoch_clock`s: `wall`, split into the `HOST_SHARES`, which add up to it (`host_work`: the rest); `executing` and `transferring_in` beside it, each at most `wall`."
     d = {k: after[k] - before.get(k, 0.) for k in after}
-    return dict(d, host_work=d['wall'] - sum(d.get(k, 0.) for k in HOST_SHARES if k != 'host_work'))
+    left = d['wall']
+    for k in list(HOST_SHARES)[:-1]:      # (measured in every thread of the process: each capped at what the epoch has left)
+        if k in d: d[k] = min(max(d[k], 0.), left); left -= d[k]
+    for k in ('executing', 'transferring_in'):
+        if k in d: d[k] = min(max(d[k], 0.), d['wall'])
+    return dict(d, host_work=left)
 
 def _share(t:dict, k:str) -> float: return max(t.get(k, 0.), 0.) / t['wall'] if t['wall'] > 0 else 0.
 
+def device_measured(t:dict) -> bool: "Did the backend measure the device's time in the split `t` (torch_xla does; the native backend cannot)?"; return 'executing' in t
+
 def format_split(t:dict) -> str:
     "One line: `t`'s wall time and the share of each part."
-    host = ', '.join(f'{label} {_share(t, k):.0%}' for k, label in HOST_SHARES.items() if k in t)
-    device = (f"the device busy {_share(t, 'executing'):.0%}, copies to it {_share(t, 'transferring_in'):.0%}" if 'executing' in t
-              else 'device time not measured by this backend (in the host\'s share)')
+    label = lambda k: HOST_SHARES[k] if k != 'host_work' or device_measured(t) else UNTOLD
+    host = ', '.join(f'{label(k)} {_share(t, k):.0%}' for k in HOST_SHARES if k in t)
+    device = (f"the device busy {_share(t, 'executing'):.0%}, copies to it {_share(t, 'transferring_in'):.0%}" if device_measured(t)
+              else 'the device\'s time not measured by this backend')
     return f"time {t['wall']:.2f} s: {host}; beside it: {device}"
+
+UNTOLD = "the host's work and the device's (not told apart)"
 
 BOUND_ADVICE = {
     'waiting_for_batches': "the input pipeline: {share} of the epoch waiting for batches. Raise `num_workers` (torch_xla's advice: "
@@ -132,6 +142,10 @@ def what_bounds(rows:list) -> str:
     total = {k: sum(r['time'].get(k, 0.) for r in steady) for k in ['wall', *HOST_SHARES]}
     worst = max(HOST_SHARES, key=lambda k: total[k])
     which = f"epochs {steady[0]['epoch']}-{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
+    if worst == 'host_work' and not all(device_measured(r['time']) for r in steady):   # (never a bound that was not measured)
+        return (f"fit {last[0]['fit']}, {which}: {_share(total, worst):.0%} of the epoch is {UNTOLD}: this backend measures no "
+                f"device time, so it cannot say which of the two bounds the run (waiting for batches: "
+                f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
 # %% ../nbs/07_diagnostics.ipynb #98bc69b6

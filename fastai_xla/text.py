@@ -18,9 +18,9 @@ from .data import XLADataLoader, register_batch_shaper, register_replica_source,
 
 # %% auto #0
 __all__ = ['scan_lstms', 'lm_stream_tokens', 'PoolingClassifierOnXLA', 'lstm_step', 'lstm_grad_step', 'LSTMLoop', 'lstm_loop',
-           'restarting', 'scan_lstm', 'loops_on_xla', 'LSTMLoopsOnXLA', 'device_zeros', 'AWDLSTMOnXLA', 'restart_rows',
-           'chunk_restarts', 'in_one_pass', 'static_forward', 'SentenceEncoderOnXLA', 'bucket_length', 'text_padding',
-           'item_lengths', 'step_lengths', 'repad', 'pad_texts_to_buckets', 'SeededLMDataLoader',
+           'restarting', 'scan_lstm', 'loops_on_xla', 'builds_loops', 'LSTMLoopsOnXLA', 'device_zeros', 'AWDLSTMOnXLA',
+           'restart_rows', 'chunk_restarts', 'in_one_pass', 'static_forward', 'SentenceEncoderOnXLA', 'bucket_length',
+           'text_padding', 'item_lengths', 'step_lengths', 'repad', 'pad_texts_to_buckets', 'SeededLMDataLoader',
            'language_model_streams', 'XLATextLearner']
 
 # %% ../nbs/11_text.ipynb #cf8eae30
@@ -33,7 +33,7 @@ class PoolingClassifierOnXLA(XLAVersion):
 
 module_versions.register(PoolingLinearClassifier, PoolingClassifierOnXLA)
 
-# %% ../nbs/11_text.ipynb #7e40a5d8
+# %% ../nbs/11_text.ipynb #dc577b8d
 scan_lstms = True
 
 def lstm_step(carry, xs):
@@ -115,9 +115,13 @@ def scan_lstm(lstm:nn.LSTM, input:torch.Tensor, hx=None):
     return (x.transpose(0, 1) if lstm.batch_first else x), (torch.stack(hs), torch.stack(cs))
 
 def loops_on_xla(lstm:nn.LSTM, input) -> bool:
-    "Does `lstm(input)` run as `scan_lstm`?"
+    "Does `lstm(input)` run as `scan_lstm` (on torch_xla's device, with a backend that builds loops: the native backend on `xla` has none)?"
     return (scan_lstms and isinstance(input, torch.Tensor) and input.dim() == 3 and is_xla(input)
-            and not getattr(lstm, 'proj_size', 0))
+            and not getattr(lstm, 'proj_size', 0) and builds_loops())
+
+def builds_loops() -> bool:
+    "Does this replica's backend build XLA loops (torch_xla's does; the native backend, on `xla` too, has none: torch's LSTM runs)?"
+    return current_backend().loops is not None
 
 class LSTMLoopsOnXLA(XLAVersion):
     "The XLA version of torch's `nn.LSTM`: `scan_lstm` where it applies (`loops_on_xla`), torch's forward elsewhere."
@@ -144,7 +148,7 @@ class AWDLSTMOnXLA(XLAVersion):
 
 module_versions.register(AWD_LSTM, AWDLSTMOnXLA)
 
-# %% ../nbs/11_text.ipynb #16bdd658
+# %% ../nbs/11_text.ipynb #1379a71a
 def restart_rows(module, rows:torch.Tensor):
     "Zero the recurrent state of `module` for the boolean `rows` (fastai's `AWD_LSTM`: `hidden`, (h, c) pairs of shape [dirs, bs, n])."
     hidden = getattr(module, 'hidden', None)
@@ -163,7 +167,7 @@ def chunk_restarts(mask:torch.Tensor, bptt:int):
 
 def in_one_pass(encoder:SentenceEncoder, input:torch.Tensor) -> bool:
     "Does `static_forward` run `input` through `encoder`'s model in one pass (on XLA, a one-direction fastai `AWD_LSTM`, LSTMs as XLA loops)?"
-    return scan_lstms and is_xla(input) and isinstance(encoder.module, AWD_LSTM) and encoder.module.n_dir == 1
+    return scan_lstms and is_xla(input) and isinstance(encoder.module, AWD_LSTM) and encoder.module.n_dir == 1 and builds_loops()
 
 def static_forward(encoder:SentenceEncoder, input:torch.Tensor):
     "`SentenceEncoder`'s forward at one shape: every row through every chunk of `bptt` tokens."

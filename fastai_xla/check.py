@@ -8,9 +8,9 @@ import os, sys, json, time, socket, argparse, platform, subprocess, tempfile, tr
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WAYS', 'environment', 'Checks', 'replica_checks', 'worker', 'run_checks', 'report', 'main']
+__all__ = ['WAYS', 'environment', 'Checks', 'note_model_inputs', 'replica_checks', 'worker', 'run_checks', 'report', 'main']
 
-# %% ../nbs/10_check.ipynb #af6bd2cc
+# %% ../nbs/10_check.ipynb #d71a3ea3
 def _version(dist:str) -> str|None:
     try: return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError: return None
@@ -24,11 +24,13 @@ def environment() -> dict:
         env[dist] = _version(dist)
     try: env['backend'] = current_settings().backend or automatic_backend()
     except Exception as e: env['backend'] = f'none: {e}'
+    try: env['native_device'] = current_settings().native_device    # (FASTAI_XLA_NATIVE_DEVICE: the native backend's device)
+    except Exception as e: env['native_device'] = f'none: {e}'
     env['tpu_chips_on_pci'] = len(tpu_pci_devices())
     env['PJRT_DEVICE'] = os.environ.get('PJRT_DEVICE')
     return env
 
-# %% ../nbs/10_check.ipynb #1c976d65
+# %% ../nbs/10_check.ipynb #73cf7365
 class Checks:
     "Named checks, each timed; a failure is recorded with its error, and the next check still runs."
     def __init__(self): self.results = []
@@ -42,19 +44,29 @@ class Checks:
 def _learner(path):
     import fastai_xla.all                                  # (to_tpu_distributed, launch, to_tpu_spmd...)
     from fastai.basics import Learner, nn, accuracy, CrossEntropyLossFlat, set_seed, Flatten
+    from fastai.vision.augment import aug_transforms
+    from fastai.data.transforms import IntToFloatTensor, Normalize
     from fastai_xla.demo import digits_dls
     set_seed(0, reproducible=True)
+    tfms = [IntToFloatTensor(div=16.), *aug_transforms(do_flip=False, max_rotate=5., max_zoom=1., max_warp=0.1, max_lighting=0.1),
+            Normalize.from_stats(0.3, 0.35)]
     model = nn.Sequential(Flatten(), nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
-    return Learner(digits_dls(bs=32), model, loss_func=CrossEntropyLossFlat(), metrics=accuracy, path=path)
+    return Learner(digits_dls(bs=32, batch_tfms=tfms), model, loss_func=CrossEntropyLossFlat(), metrics=accuracy, path=path)
 
-def _on_device(learn):
-    import torch
-    from fastai_xla.core import off_host, xla_device
-    dev = learn.xla_run.device
-    xb, yb = learn.dls.train.one_batch()
-    where = {'parameters': all(p.device == dev for p in learn.model.parameters()), 'batch': xb.device == dev and yb.device == dev}
-    if not all(where.values()): raise AssertionError(f'not on {dev}: {where}')
-    return f'model and batches on {dev} ({learn.xla_run.backend.runtime.kind()})'
+def note_model_inputs(learn) -> list:
+    "A list that gets the set of devices of the tensors each call of `learn.model` receives (a forward pre-hook that stays)."
+    from fastai_xla.core import tensors_in
+    seen = []
+    learn.model.register_forward_pre_hook(lambda m, args: seen.append({str(t.device) for t in tensors_in(args)}))
+    return seen
+
+def _on_device(learn, inputs:list):
+    "Where the model's parameters are, and where every input it got in the fit was (`note_model_inputs`)."
+    dev = str(learn.xla_run.device)
+    if not inputs: raise AssertionError('the model got no input (the fit failed before its first forward pass)')
+    where = {'parameters': {str(p.device) for p in learn.model.parameters()}, 'inputs': set().union(*inputs)}
+    if any(devs != {dev} for devs in where.values()): raise AssertionError(f'not all on {dev}: {where}')
+    return f'the model and its {len(inputs)} inputs of the fit on {dev} ({learn.xla_run.backend.runtime.kind()})'
 
 def _all_reduce(run):
     import torch
@@ -88,7 +100,9 @@ def _fit(learn):
     acc = float(learn.recorder.values[-1][2])
     if any(late): raise AssertionError(f'graphs compiled after the first epoch: {late}')
     if acc < 0.8: raise AssertionError(f'accuracy {acc:.3f} after 3 epochs')
-    return f'accuracy {acc:.3f}, compiles per epoch {[r["compiles"] for r in epochs]}'
+    from fastai_xla.backend import Counters
+    counted = type(learn.xla_run.backend.counters) is not Counters      # (the native backend counts no compiles)
+    return f'accuracy {acc:.3f}, ' + (f'compiles per epoch {[r["compiles"] for r in epochs]}' if counted else 'compiles not counted by this backend')
 
 def _exact_metrics(learn):
     preds, targs = learn.get_preds()
@@ -123,17 +137,18 @@ def replica_checks(index, out_dir):
     "What each replica of `spawn` runs: every check in order, its results to `out_dir` (a file per replica)."
     from fastai_xla.run import replica_ordinal
     checks, path = Checks(), Path(out_dir)
-    learn = None
+    learn = inputs = None
     def setup():
-        nonlocal learn
+        nonlocal learn, inputs
         learn = _learner(path).to_tpu_distributed(seed=0)
+        inputs = note_model_inputs(learn)
         return repr(learn.xla_run)
     if checks('replicas start and agree (to_tpu_distributed)', setup):
-        checks('placement: model and batches on the device', _on_device, learn)
         checks('collectives: all-reduce and gather of the ordinals', _all_reduce, learn.xla_run)
         checks('shards: disjoint, covering', _shards, learn)
-        if checks('a fit: it learns, no compile after epoch 1', _fit, learn):
-            checks('metrics: exact over the whole validation set', _exact_metrics, learn)
+        fitted = checks('a fit: it learns, no compile after epoch 1', _fit, learn)
+        checks("placement: the model and its inputs on the device", _on_device, learn, inputs)
+        if fitted: checks('metrics: exact over the whole validation set', _exact_metrics, learn)
         checks('checkpoint: save and load', _checkpoint, learn)
         checks('bfloat16 mixed precision', _bf16, path)
     (path/f'replica-{replica_ordinal()}.json').write_text(json.dumps(checks.results))
@@ -173,7 +188,7 @@ def worker(kind:str, out_dir:str):
     else: checks('to_tpu_spmd: every device from one process', _spmd_check, out_dir)
     Path(out_dir, f'{kind}.json').write_text(json.dumps(checks.results))
 
-# %% ../nbs/10_check.ipynb #817f3f6b
+# %% ../nbs/10_check.ipynb #b0cc209b
 def _run_worker(kind, out_dir, env, timeout):
     t = time.time()
     cmd = [sys.executable, '-m', 'fastai_xla.check', '--worker', kind, '--out', str(out_dir)]
@@ -225,7 +240,8 @@ def report(res:dict) -> str:
     lines = ['fastai_xla self-check', '',
              f"Python {e['python']} on {e['platform']}, {e['host_cpus']} host CPUs",
              '  ' + ', '.join(f'{k} {v}' for k, v in e.items() if k in ('torch', 'torch_xla', 'torch-tpu', 'libtpu', 'fastai', 'fastcore', 'fastprogress', 'fastai_xla') and v),
-             f"  backend {e['backend']}, TPU chips on the PCI bus: {e['tpu_chips_on_pci']}, PJRT_DEVICE={e['PJRT_DEVICE']}"
+             f"  backend {e['backend']}" + (f" on {e['native_device']}" if e.get('native_device') and e['backend'] == 'native' else '')
+             + f", TPU chips on the PCI bus: {e['tpu_chips_on_pci']}, PJRT_DEVICE={e['PJRT_DEVICE']}"
              + (f", {e['collectives_with_one_device']} (one device: its collectives run all the same)" if e.get('collectives_with_one_device') else ''), '']
     for c in checks:
         mark = 'SKIP' if c.get('skipped') else 'PASS' if c['ok'] else 'FAIL'

@@ -104,12 +104,14 @@ class NativeRuntime(Runtime):
 _NO_SPMD = ("The native backend (TorchTPU) has no SPMD partitioner of one process over every chip (TorchTPU shards "
             "with DTensor): train one process per chip with `to_tpu_distributed()` under `spawn`, or `learn.launch`.")
 
-# %% ../nbs/00e_backend_native.ipynb #1a2883a3
+# %% ../nbs/00e_backend_native.ipynb #9cccd980
 class Native(Backend):
     "PyTorch's own device (TorchTPU's `tpu`, `FASTAI_XLA_NATIVE_DEVICE`'s, else the CPU), replicas through `torch.distributed` (`tpu_dist`, else gloo)."
     name, device_types = 'native', ('tpu',)   # (and every other device type no backend drives: see `runtime_of`)
     def __init__(self, device_type:str|None=None):
         self.runtime = NativeRuntime(device_type or native_device_type(current_settings().native_device))
+        if self.runtime.lazy is not None:      # (a lazy device's own loop op: torch_xla's on `xla`, as its runtime ends the steps)
+            self.loops = driving_backend(self.runtime.device_type)().loops
     no_spmd = _NO_SPMD
     process_group = property(lambda self: 'tpu_dist' if self.runtime.device_type == 'tpu' else 'gloo')
     @classmethod

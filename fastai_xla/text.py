@@ -33,7 +33,7 @@ class PoolingClassifierOnXLA(XLAVersion):
 
 module_versions.register(PoolingLinearClassifier, PoolingClassifierOnXLA)
 
-# %% ../nbs/11_text.ipynb #dc577b8d
+# %% ../nbs/11_text.ipynb #f2fb0264
 scan_lstms = True
 
 def lstm_step(carry, xs):
@@ -120,7 +120,7 @@ def loops_on_xla(lstm:nn.LSTM, input) -> bool:
             and not getattr(lstm, 'proj_size', 0) and builds_loops())
 
 def builds_loops() -> bool:
-    "Does this replica's backend build XLA loops (torch_xla's does; the native backend, on `xla` too, has none: torch's LSTM runs)?"
+    "Does this replica's backend build XLA loops (torch_xla's, and the native backend's on torch_xla's device; on an eager chip torch's LSTM runs)?"
     return current_backend().loops is not None
 
 class LSTMLoopsOnXLA(XLAVersion):

@@ -12,10 +12,11 @@ from .backend import *
 from .settings import *
 
 # %% auto #0
-__all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'DistCollectives', 'check_nprocs_arg', 'free_port',
-           'watch_parent', 'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+__all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'is_loopback', 'listening_socket', 'store_at', 'gloo_options',
+           'DistCollectives', 'check_nprocs_arg', 'free_port', 'watch_parent', 'SignalNotice', 'ForkServer',
+           'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
-# %% ../nbs/00c_dist.ipynb #16e36c7d
+# %% ../nbs/00c_dist.ipynb #34b7af67
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 def _wire_groups(tensors) -> list:
@@ -46,11 +47,45 @@ def joining_error(s:Settings, e:Exception) -> Exception:
     if 'EADDRINUSE' in str(e) or 'address already in use' in str(e).lower():
         return RuntimeError(f"Replica 0 cannot serve the replicas' meeting at {where}: another process holds that port. "
                             f"Choose a free port for every replica (`learn.launch` and `spawn` pick one themselves).")
+    if isinstance(e, OSError):
+        return RuntimeError(f"Replica 0 cannot serve the replicas' meeting at {where} ({e}): FASTAI_XLA_MASTER_ADDR must be an "
+                            f"address of replica 0's own machine (127.0.0.1 when every replica runs on one).")
     return RuntimeError(f"Replica {s.rank} of {s.world_size} waited {s.timeout:.0f} s (FASTAI_XLA_TIMEOUT) for the others to "
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR and FASTAI_XLA_MASTER_PORT.")
 
-# %% ../nbs/00c_dist.ipynb #cc498ad8
+# %% ../nbs/00c_dist.ipynb #cc21bf23
+def is_loopback(addr:str|None) -> bool:
+    "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
+    import ipaddress
+    if addr in (None, ''): return False
+    if addr == 'localhost': return True
+    try: return ipaddress.ip_address(addr).is_loopback
+    except ValueError: return False
+
+def listening_socket(addr:str, port:int) -> socket.socket:
+    "A TCP socket bound to `addr:port` alone and listening (the store's server takes it over)."
+    family = socket.AF_INET6 if ':' in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((addr, port)); sock.listen(1024)
+    except OSError:
+        sock.close(); raise
+    return sock
+
+def store_at(addr:str, port:int, world_size:int, timeout:float, listener:socket.socket|None=None):
+    "torch's `TCPStore` at `addr:port`: served from `listener` (bound by `listening_socket`: its address alone) on the master, reached by the others."
+    return dist.TCPStore(addr, port, world_size, listener is not None, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout), master_listen_fd=listener.fileno() if listener is not None else None)
+
+def gloo_options(master_addr:str|None, timeout):
+    "gloo's options for a group meeting at `master_addr`: its links on loopback when the replicas meet there (one host)."
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    if is_loopback(master_addr): opts._devices = [dist.ProcessGroupGloo.create_device(hostname=master_addr)]
+    return opts
+
+# %% ../nbs/00c_dist.ipynb #c48d459c
 class DistCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -63,12 +98,13 @@ class DistCollectives(Collectives):
     def local_count(self): return self.settings.local_world_size or self.settings.world_size
 
     def store(self):
-        "The store replica 0 serves for the group and the run's meetings (connected at the first use)."
+        "The store replica 0 serves for the group and the run's meetings (connected at the first use), on the master's address only."
         if self._store is None:
             s = self.settings
-            try: self._store = dist.TCPStore(s.master_addr, s.master_port, s.world_size, s.rank == 0, wait_for_workers=False,
-                                             timeout=datetime.timedelta(seconds=s.timeout))
-            except (RuntimeError, dist.DistError) as e: raise joining_error(s, e) from e
+            try:
+                self._listener = listening_socket(s.master_addr, s.master_port) if s.rank == 0 else None
+                self._store = store_at(s.master_addr, s.master_port, s.world_size, s.timeout, self._listener)
+            except (OSError, RuntimeError, dist.DistError) as e: raise joining_error(s, e) from e
         return self._store
 
     def group(self):
@@ -77,7 +113,7 @@ class DistCollectives(Collectives):
             s, store = self.settings, dist.PrefixStore('group/', self.store())
             timeout = datetime.timedelta(seconds=s.timeout)
             try:
-                if self.name == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, timeout)
+                if self.name == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, gloo_options(s.master_addr, timeout))
                 else:   # a device's own group: one per process (one replica per chip), torch.distributed's default
                     if not dist.is_initialized():
                         dist.init_process_group(self.name, store=store, rank=s.rank, world_size=s.world_size, timeout=timeout)

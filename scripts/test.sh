@@ -13,7 +13,8 @@
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
 #   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
-# Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native, on the CPU with gloo).
+# Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native) on a device apart from the host: torch_xla's
+# CPU device (FASTAI_XLA_NATIVE_DEVICE=xla) stands in for TorchTPU's chip; replicas over gloo.
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
@@ -62,11 +63,16 @@ echo "== 1. $DEV: pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
-echo "== 1. $DEV: pytest again on the native backend (FASTAI_XLA_BACKEND=native: the CPU, replicas over gloo)"
-# (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files)
-FASTAI_XLA_BACKEND=native .venv/bin/python -m pytest -n 2 --dist loadfile -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" \
-    tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py \
-    tests/test_readme.py tests/test_preemption.py
+NATIVE_FILES="tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py
+    tests/test_readme.py tests/test_preemption.py tests/test_text.py"
+echo "== 1. $DEV: pytest again on the native backend, its device apart from the host (FASTAI_XLA_BACKEND=native"
+echo "   FASTAI_XLA_NATIVE_DEVICE=xla: torch_xla's CPU device stands in for TorchTPU's chip; replicas over gloo)"
+# (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files, and the selection again on the host)
+FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=xla .venv/bin/python -m pytest -n 2 --dist loadfile \
+    -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" $NATIVE_FILES
+if [ $ALL = 1 ]; then
+    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=cpu .venv/bin/python -m pytest -n 2 --dist loadfile -m native "$@" $NATIVE_FILES
+fi
 lap "stack 1 native backend"
 echo "== the image stacks' environments (made in the background during stack 1)"
 finish "$TORCHTPU_SETUP torchtpu set-up" "$IMAGES_SETUP colab-kaggle set-up"

@@ -96,20 +96,24 @@ SLOW['test_preemption.py'] = {
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
                              "classifier and language model on the XLA device), in the default run and on Colab's stack"}
 
-# Run again on the native backend (`FASTAI_XLA_BACKEND=native`: the CPU, replicas over gloo) by scripts/test.sh: the files
-# below, as they are, but these tests, which count what only torch_xla has (compiled graphs, traced XLA operations,
-# device reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
+# Run again on the native backend by scripts/test.sh, on a device apart from the host (`FASTAI_XLA_BACKEND=native
+# FASTAI_XLA_NATIVE_DEVICE=xla`: torch_xla's CPU device stands in for TorchTPU's chip, replicas over gloo): the files below,
+# as they are, but these tests, which count what only torch_xla has (compiled graphs, traced XLA operations, device
+# reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
 # whatever the code does.
 NATIVE_FILES = ['test_single_device.py', 'test_replicas.py', 'test_checkpoint.py', 'test_launch.py', 'test_applications.py',
-                'test_readme.py', 'test_preemption.py']
+                'test_readme.py', 'test_preemption.py', 'test_text.py']
 TORCH_XLA_ONLY = {
     'test_single_device.py': ['test_fastai_schedules_compile_in_the_first_epoch_only', 'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1',
         'test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches', 'test_no_hyper_parameter_value_compiles_late',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own'],
     'test_launch.py': ['test_launch_refuses_when_the_runtime_is_already_running'],
+    'test_text.py': ['test_classifier_compiles_once_per_bucket'],
 }
-# The tests scripts/test.sh runs again on the native backend (the whole files with `--all`): learning, replicas, checkpoints,
-# a launch and a preemption, the torch.distributed paths the native backend has of its own.
+# The tests scripts/test.sh runs again on the native backend's stand-in device (the whole files with `--all`, which runs
+# this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): learning, replicas, checkpoints, a launch and a
+# preemption, the torch.distributed paths the native backend has of its own, and fastai's applications (images with
+# aug_transforms and Normalize on the device, segmentation, collab, tabular, text), each against eager CPU.
 NATIVE_TESTS = {
     'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_tabular_with_embeddings_matches_eager_cpu',
                               'test_accum_metrics_are_exact', 'test_save_load_then_fit', 'test_gradient_accumulation_steps_every_other_batch'],
@@ -119,6 +123,9 @@ NATIVE_TESTS = {
     'test_checkpoint.py': ['test_save_on_the_master_only_neither_hangs_nor_breaks_load'],
     'test_launch.py': ['test_launch_a_function_defined_in_main[gloo-2-fork]'],
     'test_preemption.py': ['test_two_replicas_stop_after_the_same_step_and_resume'],
+    'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_segmentation_with_augmentation_and_dice',
+                             'test_collab_from_a_ratings_frame'],
+    'test_text.py': ['test_classifier_learns_like_eager'],
 }
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
 

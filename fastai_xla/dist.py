@@ -13,8 +13,8 @@ from .settings import *
 
 # %% auto #0
 __all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'is_loopback', 'listening_socket', 'store_at', 'gloo_options',
-           'DistCollectives', 'check_nprocs_arg', 'free_port', 'watch_parent', 'SignalNotice', 'ForkServer',
-           'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+           'DistCollectives', 'check_nprocs_arg', 'free_port', 'watch_parent', 'reset_signals', 'SignalNotice',
+           'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
 # %% ../nbs/00c_dist.ipynb #34b7af67
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -54,7 +54,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR and FASTAI_XLA_MASTER_PORT.")
 
-# %% ../nbs/00c_dist.ipynb #cc21bf23
+# %% ../nbs/00c_dist.ipynb #f1f9bc86
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -82,7 +82,8 @@ def gloo_options(master_addr:str|None, timeout):
     "gloo's options for a group meeting at `master_addr`: its links on loopback when the replicas meet there (one host)."
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    if is_loopback(master_addr): opts._devices = [dist.ProcessGroupGloo.create_device(hostname=master_addr)]
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=master_addr) if is_loopback(master_addr)
+                     else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
 # %% ../nbs/00c_dist.ipynb #c48d459c
@@ -165,7 +166,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #83046553
+# %% ../nbs/00c_dist.ipynb #fba80fcf
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -189,8 +190,14 @@ def _exit_status(e:BaseException) -> int:
     if isinstance(e, SystemExit): return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 1
 
+def reset_signals():
+    "Give this process Python's own handlers of SIGTERM (end) and SIGINT (`KeyboardInterrupt`): a forked replica inherits the launcher's, which pass a signal on instead of acting on it."
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def _replica_main(settings_env:dict, threads:int, job:str):
     "A replica process's whole life: its place from the environment, its replicas (threads), then out at once."
+    reset_signals()
     os.environ.update(settings_env)
     watch_parent()
     import cloudpickle

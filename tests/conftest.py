@@ -32,7 +32,7 @@ ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed pack
         'test_every_stateful_fastai_optimizer_saves_cpu_tensors'],  # xmp.spawn, spawn and the fork server, pickling
     'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
         'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
-        'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback'],
+        'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback', 'test_a_single_host_launch_opens_nothing_beyond_loopback'],
     'test_checkpoint.py': ['test_export_opens_where_torch_xla_is_not_installed', 'test_save_on_the_master_only_neither_hangs_nor_breaks_load',
         'test_full_disk_keeps_the_previous_checkpoint'],
     'test_notebooks.py': ['test_notebook[00_backend]', 'test_notebook[13_models]'],  # every torch_xla name we use, module versions (torchvision's)
@@ -111,7 +111,7 @@ TORCH_XLA_ONLY = {
     'test_text.py': ['test_classifier_compiles_once_per_bucket'],
 }
 # The tests scripts/test.sh runs again on the native backend's stand-in device (the whole files with `--all`, which runs
-# this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): learning, replicas, checkpoints, a launch and a
+# this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): learning, replicas, a checkpoint, a launch and a
 # preemption, the torch.distributed paths the native backend has of its own, and fastai's applications (images with
 # aug_transforms and Normalize on the device, segmentation, collab, tabular, text), each against eager CPU.
 NATIVE_TESTS = {
@@ -119,8 +119,8 @@ NATIVE_TESTS = {
                               'test_accum_metrics_are_exact', 'test_save_load_then_fit', 'test_gradient_accumulation_steps_every_other_batch'],
     'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
                          'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
-                         'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback'],
-    'test_checkpoint.py': ['test_save_on_the_master_only_neither_hangs_nor_breaks_load'],
+                         'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',
+                         'test_a_single_host_launch_opens_nothing_beyond_loopback'],
     'test_launch.py': ['test_launch_a_function_defined_in_main[gloo-2-fork]'],
     'test_preemption.py': ['test_two_replicas_stop_after_the_same_step_and_resume'],
     'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_segmentation_with_augmentation_and_dice',

@@ -75,3 +75,37 @@ def fault_row(fault:str, sees:str, seconds:float|None, lost:str):
     out = os.environ.get('FASTAI_XLA_FAULT_TABLE')
     if out:
         with open(out, 'a') as f: f.write(json.dumps(dict(fault=fault, sees=sees, seconds=None if seconds is None else round(seconds, 1), lost=lost)) + '\n')
+
+# Who can reach a run (tests/test_replicas.py's stranger, tests/test_security.py)
+import socket, subprocess
+from pathlib import Path
+
+def listening_addresses(pid='self') -> list:
+    "`(address, port)` of every TCP socket the process `pid` listens on, read from the kernel's tables (IPv4 and IPv6)."
+    fds = Path(f'/proc/{pid}/fd')
+    inodes = set()
+    for fd in fds.iterdir():
+        try: target = os.readlink(fd)
+        except OSError: continue
+        if target.startswith('socket:['): inodes.add(target[8:-1])
+    found = []
+    for table, family in (('/proc/net/tcp', socket.AF_INET), ('/proc/net/tcp6', socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            if parts[3] != '0A' or parts[9] not in inodes: continue          # 0A: LISTEN
+            addr, port = parts[1].split(':')
+            raw = bytes.fromhex(addr)
+            raw = b''.join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))   # (the kernel writes each 32-bit word in host order)
+            found.append((socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+def network_address() -> str|None:
+    "This machine's own address on its network (not loopback), or None if it has none."
+    out = subprocess.run(['hostname', '-I'], capture_output=True, text=True).stdout.split()
+    return next((a for a in out if ':' not in a and not a.startswith('127.')), None)
+
+def refused_from(addr:str, port:int) -> bool:
+    "Is a TCP connection from this machine to `addr:port` refused (nothing listens there for that address)?"
+    try:
+        with socket.create_connection((addr, port), timeout=3): return False
+    except OSError: return True

@@ -52,7 +52,8 @@ def train_and_report(learn, out_dir, epochs=2, lr=1e-2, extra_cbs=()):
     learn.fit(epochs, lr, cbs=[rec, *extra_cbs])
     values = [[float(x) for x in v] for v in learn.recorder.values]   # (get_preds resets the Recorder, as in fastai)
     preds, targs = learn.get_preds()
-    report = dict(rank=replica_ordinal(), world=replica_count(), seen=rec.seen, digest=_params_digest(learn), values=values)
+    report = dict(rank=replica_ordinal(), world=replica_count(), seen=rec.seen, digest=_params_digest(learn), values=values,
+                  reach=what_a_stranger_reaches())
     Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(report))
     return dict(preds=preds, targs=targs)
 
@@ -91,6 +92,24 @@ def test_shards_are_disjoint_and_cover_the_data(two_replicas):
     # the epoch order changes between epochs, the same way on every replica
     firsts = [[ids for e, p, ids in r['seen'] if p == 'train'][0] for r in reps]
     assert firsts[0] != firsts[1]
+
+def what_a_stranger_reaches() -> dict:
+    "In a replica, with its store and gloo's links open: the TCP ports it listens on, and which a stranger at this machine's network address reaches."
+    addr, mine = network_address(), listening_addresses()
+    return dict(listening=mine, from_network=[addr is not None and not refused_from(addr, port) for _, port in mine],
+                from_loopback=[not refused_from('127.0.0.1', port) for _, port in mine], network=addr)
+
+def test_a_single_host_launch_opens_nothing_beyond_loopback(two_replicas):
+    """Every port a replica of a single-host launch listens on (the master's meeting store, gloo's links: found in the kernel's
+    socket tables by the replica's own sockets) is bound to loopback, and refuses a connection from the machine's network
+    address while the run is alive. (gloo's links listen where the machine's name resolves to: 127.0.0.1 on this machine, so
+    only the store's binding could be seen to fail here; on a cloud VM the name gives its network address.)"""
+    learn, res, reps = two_replicas
+    if reps[0]['reach']['network'] is None: pytest.skip('this machine has no network address apart from loopback')
+    assert reps[0]['reach']['listening'], reps[0]                        # (the master serves the store: it listens)
+    for r in reps:
+        assert all(ip in ('127.0.0.1', '::1') for ip, _ in r['reach']['listening']), r['reach']
+        assert not any(r['reach']['from_network']) and all(r['reach']['from_loopback']), r['reach']
 
 def test_replicas_end_with_identical_weights_which_come_back(two_replicas):
     learn, res, reps = two_replicas

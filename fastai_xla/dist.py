@@ -13,8 +13,8 @@ from .settings import *
 
 # %% auto #0
 __all__ = ['process_signals', 'PREEMPTED_STATUS', 'joining_error', 'is_loopback', 'listening_socket', 'store_at', 'gloo_options',
-           'DistCollectives', 'check_nprocs_arg', 'free_port', 'watch_parent', 'reset_signals', 'SignalNotice',
-           'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+           'DistCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port', 'watch_parent', 'reset_signals',
+           'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
 # %% ../nbs/00c_dist.ipynb #34b7af67
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -86,7 +86,7 @@ def gloo_options(master_addr:str|None, timeout):
                      else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
-# %% ../nbs/00c_dist.ipynb #c48d459c
+# %% ../nbs/00c_dist.ipynb #4e9ebb5d
 class DistCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -161,12 +161,20 @@ def check_nprocs_arg(nprocs):
                          f"not {nprocs!r}: for example nprocs=2.")
     return nprocs
 
+def pid_alive(pid:int) -> bool:
+    "Is process `pid` running (a zombie, ended but not yet reaped, is not)?"
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError): return True           # (no /proc: it answered the signal)
+
 def free_port() -> int:
     "A TCP port free on this host now."
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #fba80fcf
+# %% ../nbs/00c_dist.ipynb #c75eda92
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -406,6 +414,7 @@ class ReplicaProcesses(Launcher):
         if start_method == 'fork': self.procs = [_Forked(e, self.threads, (fn, tuple(args))) for e in envs]
         else:
             self.dir = Path(tempfile.mkdtemp(prefix='fastai_xla-replicas-'))
+            (self.dir/'owner').write_text(str(os.getpid()))    # (a killed launcher's folder: the next launch removes it)
             job = self.dir/'job.pkl'
             job.write_bytes(cloudpickle.dumps((fn, tuple(args))))
             if start_method == 'forkserver':

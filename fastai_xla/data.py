@@ -20,7 +20,8 @@ __all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_ve
            'n_batches', 'shard_idxs', 'background', 'timed', 'numpy_seeded', 'tabular_reader', 'index_rows',
            'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers',
            'loader_over', 'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
-           'replica_local_loaders', 'check_a_batch_each', 'XLADataLoader', 'trim_batch']
+           'replica_local_loaders', 'check_a_batch_each', 'check_fastai_loader', 'check_loaders', 'XLADataLoader',
+           'trim_batch']
 
 # %% ../nbs/02_data.ipynb #44f17ae2
 def register_device_tfm(cls, run=None, xla_mixin=None):
@@ -242,11 +243,10 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #e99a45c1
-def check_a_batch_each(dl):
-    "Refuse a loader `dl` (an `XLADataLoader`) whose items, shared out between the replicas, leave a replica without one whole batch where it drops the last one."
-    n, replicas, bs = dl.source.n, dl.world_size, dl.bs
-    if dl.pad or n == 0 or len(dl) > 0: return
+# %% ../nbs/02_data.ipynb #1146e04c
+def check_a_batch_each(n:int, bs:int, replicas:int, drop_last:bool):
+    "Refuse `n` training items that, shared out between `replicas`, leave a replica without one whole batch of `bs` where the loader drops the last one."
+    if not drop_last or n == 0 or n_batches(n, bs, replicas, pad=False) > 0: return
     each = n // replicas
     fixes = ([f"a batch size of at most {each} (`bs=` when you build the DataLoaders, or `dls.train.bs = {each}`)"] if each else []) \
             + [f"at most {max(1, n // bs)} replica(s)" if n >= bs else f"at most {n} replica(s) with a smaller batch size", "more items"]
@@ -254,7 +254,22 @@ def check_a_batch_each(dl):
                      f"the batch size {bs}, and the loader drops an incomplete last batch (drop_last=True): no replica would take "
                      f"a training step. Use " + ', or '.join(fixes) + ".")
 
-# %% ../nbs/02_data.ipynb #1b482f37
+def check_fastai_loader(dl):
+    "Refuse a loader that cannot be shared out as it is (no batch size or no known length: a plain PyTorch `DataLoader`), saying what to build instead."
+    if getattr(dl, 'bs', None) is not None and getattr(dl, 'n', None) is not None: return
+    kind = 'a PyTorch DataLoader' if isinstance(dl, torch.utils.data.DataLoader) else f'a {type(dl).__name__}'
+    raise ValueError(f"XLADataLoader shares out fastai DataLoaders, which know their batch size and length, and this loader is {kind} "
+                     f"(bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}). Build fastai's over the same datasets: "
+                     "`DataLoaders.from_dsets(train_ds, valid_ds, bs=64)` (fastai.data.core), or `DataLoader(ds, bs=64, shuffle=True)` "
+                     "from fastai.data.load for each; fastai's `Learner` takes them as it takes PyTorch's.")
+
+def check_loaders(dls, replicas:int=1):
+    "Refuse, before any replica starts, the `DataLoaders` `dls` that `replicas` replicas could not share out (see the checks above)."
+    for dl in getattr(dls, 'loaders', []): check_fastai_loader(dl)
+    train = dls.train
+    check_a_batch_each(replica_source(train, replicas).n, train.bs, replicas, train.drop_last)
+
+# %% ../nbs/02_data.ipynb #b3e08259
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -275,9 +290,7 @@ class XLADataLoader(GetAttr):
                 ):
         load_features()            # (the batch transforms every feature runs on the device: whatever was imported)
         if isinstance(dl, XLADataLoader): dl = dl.dl
-        if getattr(dl, 'bs', None) is None or getattr(dl, 'n', None) is None:
-            raise ValueError("XLADataLoader needs a fastai DataLoader with a batch size and a known length "
-                             f"(got bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}).")
+        check_fastai_loader(dl)
         if checked_seed(seed) is None: seed = random.randint(0, 2**31)
         if cache_items: check_cacheable(dl)
         store_attr('dl,rank,world_size,seed,batch_tfms_on,prefetch,num_workers,sharding,whole_table,cache_items,seq_buckets,replica_local')
@@ -286,7 +299,7 @@ class XLADataLoader(GetAttr):
         self.device = device or xla_device()
         if prefetch is None: self.prefetch = 0 if device_kind() == 'CPU' else 2   # see "The background copy"
         self.epoch, self.pad = 0, not dl.drop_last
-        check_a_batch_each(self)
+        check_a_batch_each(self.source.n, self.bs, world_size, dl.drop_last)
         self.skip = self.skipped = self.position = 0   # see "A resumed epoch"
         self.waited = 0.           # seconds the training loop waited for this loader's batches (see `timed`)
         cpu_fs, dev_fs = split_batch_tfms(getattr(dl, 'after_batch', None), batch_tfms_on)

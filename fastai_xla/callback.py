@@ -366,7 +366,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #cb990c80
+# %% ../nbs/03_callback.ipynb #41e4c2c9
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -389,7 +389,8 @@ class XLALearner(XLAVersion):
         except BaseException as e:
             run = self.xla_run
             # (an exception every replica raises after the same step, as `Preempted`, is no failure to tell)
-            if run.store is None or isinstance(e, ReplicasDiverged) or getattr(e, 'every_replica_raises', False): raise
+            # (nor an interrupt: the launcher, or the terminal's Ctrl-C, interrupts every replica)
+            if run.store is None or isinstance(e, (ReplicasDiverged, KeyboardInterrupt)) or getattr(e, 'every_replica_raises', False): raise
             failure = run.failure()
             if failure is not None and failure[0] != run.ordinal:   # another replica failed first (or the master is gone): this is the echo
                 raise ReplicasDiverged(f"replica {run.ordinal} stops, because {failure[1]}") from e

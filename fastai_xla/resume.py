@@ -20,7 +20,7 @@ from .checkpoint import host_state, save_on_xla, read_checkpoint, checkpoint_pat
 
 # %% auto #0
 __all__ = ['rng_states', 'set_rng_states', 'every_replica', 'weights_bytes', 'recorder_history', 'restore_history',
-           'ResumeWhereStopped', 'Preempted', 'ResumeCallback']
+           'ResumeWhereStopped', 'Preempted', 'StopOnSignal', 'ResumeCallback']
 
 # %% ../nbs/05a_resume.ipynb #2853c0fc
 def rng_states(runtime=None) -> dict:
@@ -177,9 +177,9 @@ def load_resume(self:Learner, file, missing_ok:bool=False) -> int:
     self.add_cb(ResumeWhereStopped(state, path))
     return state['next_epoch']
 
-# %% ../nbs/05a_resume.ipynb #6a91e4a5
+# %% ../nbs/05a_resume.ipynb #6521354c
 class Preempted(SystemExit):
-    "The run stopped on a signal after writing its resume checkpoint; the process exits with status 75 (EX_TEMPFAIL)."
+    "The run stopped on a signal, every replica after the same step (a `ResumeCallback` wrote its checkpoint first); the process exits with status 75 (EX_TEMPFAIL)."
     exit_status = 75
     every_replica_raises = True   # (after the same step: not a failure to tell the others, see `XLALearner.fit`)
     def __init__(self, message:str): super().__init__(self.exit_status); self.message = message
@@ -192,25 +192,31 @@ def _in_fit_of(learn, frame) -> bool:
         frame = frame.f_back
     return False
 
-# %% ../nbs/05a_resume.ipynb #c4712da6
-class ResumeCallback(Callback):
-    "Write a resume checkpoint after every epoch, and on `signals` after the step every replica is at (see `Learner.load_resume`)."
+# %% ../nbs/05a_resume.ipynb #1225c49f
+class StopOnSignal(Callback):
+    "On `signals`, stop every replica after the same training step and leave with `Preempted` (nothing saved: see `ResumeCallback`)."
     order = 65   # after the Recorder and SaveModelCallback have seen the epoch
-    def __init__(self, fname='resume', signals=('SIGTERM',), check_every:int=10):
-        self.fname, self.signals, self.check_every = fname, [signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals], check_every
-        self.asked = None
+    def __init__(self, signals=('SIGTERM',), check_every:int=10):
+        self.signals, self.check_every = [signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals], check_every
+        self.asked, self.previous = None, {}
 
     def before_fit(self):
         self.asked, self.previous, self.trained, self.fit_started = None, {}, False, time.monotonic()
+        self.listening = self._listens()
+        if not self.listening: return
         self.noticed = [s for s in self.signals if process_signals.watches(s)]
         if threading.current_thread() is not threading.main_thread():
             # a replica thread (TPU v2/v3): only the process's main thread gets signals; a launcher of replica threads
             # (`ReplicaProcesses(threads=...)`) notes them there for the threads (`process_signals`)
             missed = [s.name for s in self.signals if s not in self.noticed]
-            if missed: warnings.warn(f"ResumeCallback: a replica thread whose process's main thread notes no {missed}: "
-                                     "checkpoints are written after each epoch only.")
+            if missed: warnings.warn(f"{type(self).__name__}: a replica thread whose process's main thread notes no {missed}: "
+                                     "the run does not stop on them.")
             return
         for s in self.signals: self.previous[s] = signal.signal(s, self._on_signal)
+
+    def _listens(self) -> bool:
+        "Does this one act on the signals in this fit? Not when the fit has another (a `ResumeCallback`, which saves first)."
+        return not any(isinstance(c, StopOnSignal) and c is not self for c in self.learn.cbs)
 
     def _on_signal(self, signum, frame):
         if self.asked is None and _in_fit_of(self.learn, frame):
@@ -241,28 +247,47 @@ class ResumeCallback(Callback):
         return run.vote(self._asked_here(), 'preemption check') if run is not None else self._asked_here()
 
     def after_batch(self):
-        if not self.training or not self.signals: return
+        if not self.training or not self.signals or not self.listening: return
         run = getattr(self.learn, 'xla_run', None)
         if run is not None and run.together and self.learn.train_iter % self.check_every: return
-        if self._any_replica_asked():
-            self._stop(self.epoch, getattr(self.dl, 'position', self.iter + 1))
+        if self._any_replica_asked(): self._stop(self.epoch, getattr(self.dl, 'position', self.iter + 1))
 
     def after_epoch(self):
-        if not self.trained: return
-        file = self.learn.save_resume(self.fname, self.epoch + 1)
-        if self.signals and self._any_replica_asked(): self._stop(self.epoch + 1, 0, file)
+        if self.trained and self.signals and self.listening and self._any_replica_asked(): self._stop(self.epoch + 1, 0)
 
     def after_fit(self): self._restore_handlers()
 
-    def _stop(self, epoch:int, batch:int, file=None):
-        "Write the resume checkpoint (unless `file` holds it already), say how to go on, and leave with `Preempted`."
-        if file is None: file = self.learn.save_resume(self.fname, epoch, batch)
+    def _saved(self, epoch:int, batch:int) -> str:
+        "What was saved for the run to go on (here: nothing), said in the message."
+        return "nothing was saved: add `ResumeCallback` to the fit to resume from where a run stops"
+
+    def _stop(self, epoch:int, batch:int):
+        "Say where the run stopped and what was saved, and leave with `Preempted`."
+        saved = self._saved(epoch, batch)
         self._restore_handlers()
         run = getattr(self.learn, 'xla_run', None)
         why = self.asked or 'a signal to another replica'
         after = f'{time.monotonic() - self.asked_at:.1f} s after the signal' if self.asked else 'when another replica got a signal'
         msg = (f"fastai_xla: preempted ({why}): stopped after {batch} training batches of epoch {epoch} (of {self.n_epoch}), "
-               f"{after}; the resume checkpoint is {file}. Run the same script again with "
-               f"`start_epoch=learn.load_resume({self.fname!r}, missing_ok=True)` in the fit call to continue from there.")
+               f"{after}; {saved}")
         if run is None or run.is_master: print(msg, file=sys.stderr, flush=True)
         raise Preempted(msg)
+
+# %% ../nbs/05a_resume.ipynb #87e8be86
+class ResumeCallback(StopOnSignal):
+    "Write a resume checkpoint after every epoch, and on `signals` after the step every replica is at (see `Learner.load_resume`)."
+    def __init__(self, fname='resume', signals=('SIGTERM',), check_every:int=10):
+        super().__init__(signals, check_every)
+        self.fname, self.written = fname, None
+
+    def _listens(self) -> bool: return True
+
+    def after_epoch(self):
+        if not self.trained: return
+        self.written = (self.epoch + 1, self.learn.save_resume(self.fname, self.epoch + 1))
+        super().after_epoch()
+
+    def _saved(self, epoch:int, batch:int) -> str:
+        file = self.written[1] if self.written and self.written[0] == epoch and batch == 0 else self.learn.save_resume(self.fname, epoch, batch)
+        return (f"the resume checkpoint is {file}. Run the same script again with "
+                f"`start_epoch=learn.load_resume({self.fname!r}, missing_ok=True)` in the fit call to continue from there.")

@@ -31,7 +31,8 @@ from .metrics import *
 __all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_callbacks', 'move_model', 'rebind_optimizer',
            'handles', 'lean_dispatch', 'finding_lr', 'TPUCallback', 'RestoreAfterLRFind', 'PaddingCallback',
            'StepBoundaryCallback', 'CastToPlainTensor', 'FlatLossOnXLA', 'on_xla_learner', 'check_learner',
-           'learner_mixins', 'XLAChanges', 'become_xla_objects', 'XLALearner', 'is_xla_learner', 'xla_dataloaders']
+           'learner_mixins', 'XLAChanges', 'become_xla_objects', 'check_can_fit', 'XLALearner', 'is_xla_learner',
+           'xla_dataloaders']
 
 # %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
@@ -366,7 +367,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #41e4c2c9
+# %% ../nbs/03_callback.ipynb #e353e40e
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -379,12 +380,28 @@ def become_xla_objects(learn):
         # fastai's graph draws into the progress bar: where there is none (`learn.launch` relays the master's), no graph
         if isinstance(cb, ShowGraphCallback) and not any(isinstance(c, ProgressCallback) for c in learn.cbs): changes.set(cb, 'run', False)
 
+def check_can_fit(learn):
+    "Refuse a fit that has nothing to train or nothing to train on, before it starts (fastai fails with an `IndexError` deep in its optimizer on the first, and trains on nothing, to a loss of nan, on the second)."
+    if learn.opt is None and next(iter(learn.model.parameters()), None) is None:
+        raise ValueError(f"The model ({type(learn.model).__name__}) has no parameters: there is nothing to train. Give the "
+                         "Learner a model with weights (layers kept in a plain Python list or dict are not registered: use "
+                         "nn.ModuleList or nn.ModuleDict).")
+    dl = learn.dls.train
+    try: n = len(dl)
+    except TypeError: return                              # (a loader without a length: it tells when it runs out)
+    if n == 0:
+        items = len(dl.dataset) if hasattr(dl.dataset, '__len__') else '?'
+        raise ValueError(f"The training set gives no batch ({items} items, batch size {getattr(dl, 'bs', '?')}, "
+                         f"drop_last={getattr(dl, 'drop_last', '?')}): there is nothing to train on. Check the data's path and "
+                         "the splitter (every item in the validation set?), or lower the batch size.")
+
 class XLALearner(XLAVersion):
     "The XLA version of a fastai `Learner` (and of its subclasses): see `to_xla`."
     def __call__(self, event_name): lean_dispatch(self, event_name)
 
     def fit(self, *args, **kwargs):
-        "fastai's `fit`; on a replica of a multi-replica run, a failure is first told to the other replicas."
+        "fastai's `fit`, after `check_can_fit`; on a replica of a multi-replica run, a failure is first told to the other replicas."
+        check_can_fit(self)                               # (every replica refuses alike: nothing to tell the others)
         try: return super().fit(*args, **kwargs)
         except BaseException as e:
             run = self.xla_run

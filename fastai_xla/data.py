@@ -20,8 +20,8 @@ __all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_ve
            'n_batches', 'shard_idxs', 'background', 'timed', 'numpy_seeded', 'tabular_reader', 'index_rows',
            'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers',
            'loader_over', 'item_tensors', 'register_batch_shaper', 'register_replica_source', 'replica_source',
-           'replica_local_loaders', 'check_a_batch_each', 'check_fastai_loader', 'check_loaders', 'XLADataLoader',
-           'trim_batch']
+           'replica_local_loaders', 'check_a_batch_each', 'fastai_loader_of', 'check_fastai_loader', 'check_loaders',
+           'XLADataLoader', 'trim_batch']
 
 # %% ../nbs/02_data.ipynb #44f17ae2
 def register_device_tfm(cls, run=None, xla_mixin=None):
@@ -243,7 +243,7 @@ def replica_local_loaders():
     try: yield
     finally: _replica_local.on = before
 
-# %% ../nbs/02_data.ipynb #1146e04c
+# %% ../nbs/02_data.ipynb #855757b6
 def check_a_batch_each(n:int, bs:int, replicas:int, drop_last:bool):
     "Refuse `n` training items that, shared out between `replicas`, leave a replica without one whole batch of `bs` where the loader drops the last one."
     if not drop_last or n == 0 or n_batches(n, bs, replicas, pad=False) > 0: return
@@ -254,22 +254,47 @@ def check_a_batch_each(n:int, bs:int, replicas:int, drop_last:bool):
                      f"the batch size {bs}, and the loader drops an incomplete last batch (drop_last=True): no replica would take "
                      f"a training step. Use " + ', or '.join(fixes) + ".")
 
+_BUILD_FASTAI = ("Build fastai's over the same datasets: `DataLoaders.from_dsets(train_ds, valid_ds, bs=64)` (fastai.data.core), "
+                 "or `DataLoader(ds, bs=64, shuffle=True)` from fastai.data.load for each")
+
+def _torch_order(dl) -> tuple:
+    "`(dataset, shuffle, bs, drop_last)` of the PyTorch `DataLoader` `dl`, when its order is one a fastai loader gives (in order, shuffled, a random subset), else a `ValueError` saying why."
+    tud = torch.utils.data
+    if isinstance(dl.dataset, tud.IterableDataset):
+        raise ValueError(f"This PyTorch DataLoader reads an iterable dataset ({type(dl.dataset).__name__}), which has no items to share "
+                         f"out between replicas by index. {_BUILD_FASTAI}, over a map-style dataset (`__getitem__` and `__len__`).")
+    batches = dl.batch_sampler
+    if dl.batch_size is None and not (type(batches) is tud.BatchSampler):
+        raise ValueError(f"This PyTorch DataLoader takes its batches from a {type(batches).__name__}, which replicas cannot share out "
+                         f"as `DistributedSampler` would. {_BUILD_FASTAI}, or give `batch_size=` and `shuffle=`.")
+    sampler, bs, drop_last = (batches.sampler, batches.batch_size, batches.drop_last)
+    if type(sampler) is tud.SequentialSampler: return dl.dataset, False, bs, drop_last
+    if type(sampler) is tud.RandomSampler and not sampler.replacement and sampler._num_samples is None: return dl.dataset, True, bs, drop_last
+    if type(sampler) is tud.SubsetRandomSampler: return tud.Subset(dl.dataset, list(sampler.indices)), True, bs, drop_last
+    raise ValueError(f"This PyTorch DataLoader draws its items with a {type(sampler).__name__}, which replicas cannot share out (each "
+                     f"would draw its own, overlapping, items). {_BUILD_FASTAI}, or use `shuffle=True` (or a `SubsetRandomSampler`).")
+
+def fastai_loader_of(dl):
+    "`dl` if it is a fastai `DataLoader`; a PyTorch `DataLoader` as a fastai one reading the same items in the same batches (its collate function, workers and order); else a `ValueError`."
+    if not isinstance(dl, torch.utils.data.DataLoader): return dl
+    from fastai.data.load import DataLoader as FastaiLoader
+    dataset, shuffle, bs, drop_last = _torch_order(dl)
+    return FastaiLoader(dataset, bs=bs, shuffle=shuffle, drop_last=drop_last, num_workers=dl.num_workers, create_batch=dl.collate_fn)
+
 def check_fastai_loader(dl):
-    "Refuse a loader that cannot be shared out as it is (no batch size or no known length: a plain PyTorch `DataLoader`), saying what to build instead."
+    "Refuse a loader that cannot be shared out (no batch size or no known length), saying what to build instead."
     if getattr(dl, 'bs', None) is not None and getattr(dl, 'n', None) is not None: return
-    kind = 'a PyTorch DataLoader' if isinstance(dl, torch.utils.data.DataLoader) else f'a {type(dl).__name__}'
-    raise ValueError(f"XLADataLoader shares out fastai DataLoaders, which know their batch size and length, and this loader is {kind} "
-                     f"(bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}). Build fastai's over the same datasets: "
-                     "`DataLoaders.from_dsets(train_ds, valid_ds, bs=64)` (fastai.data.core), or `DataLoader(ds, bs=64, shuffle=True)` "
-                     "from fastai.data.load for each; fastai's `Learner` takes them as it takes PyTorch's.")
+    raise ValueError(f"XLADataLoader shares out loaders that know their batch size and length, and this {type(dl).__name__} does "
+                     f"not (bs={getattr(dl, 'bs', None)}, n={getattr(dl, 'n', None)}). {_BUILD_FASTAI}; fastai's `Learner` "
+                     "takes them as it takes PyTorch's.")
 
 def check_loaders(dls, replicas:int=1):
     "Refuse, before any replica starts, the `DataLoaders` `dls` that `replicas` replicas could not share out (see the checks above)."
-    for dl in getattr(dls, 'loaders', []): check_fastai_loader(dl)
-    train = dls.train
+    for dl in getattr(dls, 'loaders', []): check_fastai_loader(fastai_loader_of(dl))
+    train = fastai_loader_of(dls.train)
     check_a_batch_each(replica_source(train, replicas).n, train.bs, replicas, train.drop_last)
 
-# %% ../nbs/02_data.ipynb #b3e08259
+# %% ../nbs/02_data.ipynb #789e8bdd
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -290,6 +315,7 @@ class XLADataLoader(GetAttr):
                 ):
         load_features()            # (the batch transforms every feature runs on the device: whatever was imported)
         if isinstance(dl, XLADataLoader): dl = dl.dl
+        dl = fastai_loader_of(dl)      # (a PyTorch DataLoader: as fastai's)
         check_fastai_loader(dl)
         if checked_seed(seed) is None: seed = random.randint(0, 2**31)
         if cache_items: check_cacheable(dl)

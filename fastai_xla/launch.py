@@ -87,7 +87,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #2761746c
+# %% ../nbs/04a_launch.ipynb #c38730bb
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -125,6 +125,7 @@ def _run_replica(job_dir):
         ended_with(e)                       # the others stop at once, wherever this failed (not only in `fit`)
         ordinal = _safe_ordinal()
         (job_dir/f'error-{ordinal}.txt').write_text(traceback.format_exc())
+        (job_dir/f'error-{ordinal}.json').write_text(json.dumps(dict(module=type(e).__module__, type=type(e).__qualname__, message=str(e))))
         if isinstance(e, AutogradStartedFirst): raise SystemExit(1)   # (quietly: `launch` starts them again, or says why)
         raise RuntimeError(f'replica {ordinal} failed: {type(e).__name__}: {e}') from e
 
@@ -149,11 +150,29 @@ def _replica_entry(index, job_dir):
     "What every replica runs, whatever started it (`xmp.spawn`, `ReplicaProcesses`): the job in `job_dir`, ended with the launching process."
     TellingFailures(_run_replica)(job_dir)
 
-# %% ../nbs/04a_launch.ipynb #698794fb
+# %% ../nbs/04a_launch.ipynb #34467f26
 def _preempted(job_dir) -> str|None:
     "What the replicas that stopped on a signal (`Preempted`) said, or None."
     said = [p.read_text() for p in sorted(Path(job_dir).glob('preempted-*.txt'))]
     return said[0] if said else None
+
+def _every_replica_raised(job_dir, replicas:int) -> BaseException|None:
+    "The error each of the `replicas` raised, when all raised the same (class and message): made again here, with the first one's traceback as a note; else None."
+    said = [json.loads(p.read_text()) for p in sorted(Path(job_dir).glob('error-*.json'))]
+    if len(said) < replicas or any(s != said[0] for s in said): return None
+    cls = _exception_class(said[0]['module'], said[0]['type'])
+    if cls is None: return None
+    try: e = cls(said[0]['message'])
+    except Exception: return None                       # (a class that needs more than a message)
+    first = sorted(Path(job_dir).glob('error-*.txt'))[0]
+    e.add_note(f"(every replica, {len(said)} of them, raised it; the first one's traceback:)\n{first.read_text()}")
+    return e
+
+def _exception_class(module:str, name:str):
+    "The exception class `module.name`, when it is Python's or a library's this process has imported (not a notebook's own), else None."
+    if module.split('.')[0] not in ('builtins', 'fastai_xla', 'fastai', 'fastcore', 'torch', 'torch_xla'): return None
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else None
 
 def _replica_errors(job_dir) -> list:
     "The tracebacks that failed replicas wrote into `job_dir`, each headed by its file's name."
@@ -187,13 +206,35 @@ def _passing_sigterm(pids, sigterm_at:dict):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #762726f5
-def _write_job(job_dir, job, method='spawn'):
-    try: (job_dir/'job.pkl').write_bytes(cloudpickle.dumps(job))
+# %% ../nbs/04a_launch.ipynb #da601b32
+def _no_room(e:OSError, where) -> OSError:
+    "A launch's files could not be written into `where`: say what to do."
+    return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
+                            f"in {where}: {e.strerror or e}. Free space there, or set the environment variable TMPDIR to a "
+                            f"folder with room, before the launch.")
+
+def _job_folder() -> Path:
+    "A new folder of this process's, for a launch's files (removed with them when it fails)."
+    where = Path(tempfile.gettempdir())
+    try:
+        job_dir = Path(tempfile.mkdtemp(prefix='fastai_xla-', dir=where))
+        try: (job_dir/'owner').write_text(str(os.getpid()))
+        except OSError: shutil.rmtree(job_dir, ignore_errors=True); raise
+    except OSError as e: raise _no_room(e, where) from e
+    return job_dir
+
+def _write_job(job_dir, job, method='spawn', forked_first=False):
+    try: data = cloudpickle.dumps(job)
     except Exception as e:
+        fix = ("start_method='fork' cannot run here either: this process ran a backward pass on the CPU before (an eager `fit`), "
+               "and replicas forked from it cannot train. Make what cannot be pickled importable (define it in a module, not the "
+               "notebook), or restart the kernel and launch before any eager fit" if forked_first else
+               "Use start_method='fork' (Linux), or move what cannot be pickled (for example fastai Transforms defined in the "
+               "notebook, with fastai < 2.8.12) into a module")
         raise RuntimeError(f"start_method={method!r} pickles the learner and the training function, and this failed: "
-                           f"{type(e).__name__}: {e}. Use start_method='fork' (Linux), or move what cannot be pickled "
-                           f"(for example fastai Transforms defined in the notebook, with fastai < 2.8.12) into a module.") from e
+                           f"{type(e).__name__}: {e}. {fix}.") from e
+    try: (job_dir/'job.pkl').write_bytes(data)
+    except OSError as e: raise _no_room(e, job_dir.parent) from e
 
 _STARTED_AGAIN_AFTER_EAGER = ("fastai_xla: this process ran a backward pass on the CPU before its first launch (a first eager `fit`?), so "
     "replicas forked from it cannot train on the XLA device (PyTorch's autograd engine started without it): starting them "
@@ -228,16 +269,15 @@ def launch(self:Learner,
     if dl_kwargs.get('seed') is None: dl_kwargs['seed'] = random.randint(0, 2**31)
     job = (self, train, args, kwargs, dl_kwargs, rng_states())
     remove_stale_jobs()
-    job_dir, ok = Path(tempfile.mkdtemp(prefix='fastai_xla-')), False
-    (job_dir/'owner').write_text(str(os.getpid()))
+    job_dir, ok = _job_folder(), False
     try:
         try: out = self._launch_job(job_dir, job, launcher, nprocs, method, settings.fault_grace)
-        except RuntimeError as e:
-            if not (start_method == 'auto' and method == 'fork' and 'AutogradStartedFirst' in str(e)): raise
+        except AutogradStartedFirst:
+            if not (start_method == 'auto' and method == 'fork'): raise
             again = launcher.start_method('auto', runtime_started=True)   # (processes whose autograd engine is fresh)
             print(_STARTED_AGAIN_AFTER_EAGER.format(method=again, how=_HOW[again]), file=sys.stderr, flush=True)
-            for f in [*job_dir.glob('error-*.txt'), job_dir/'events.jsonl']: f.unlink(missing_ok=True)
-            out = self._launch_job(job_dir, job, launcher, nprocs, again, settings.fault_grace)
+            for f in [*job_dir.glob('error-*'), job_dir/'events.jsonl']: f.unlink(missing_ok=True)
+            out = self._launch_job(job_dir, job, launcher, nprocs, again, settings.fault_grace, forked_first=True)
         ok = True
         return out
     finally:
@@ -247,10 +287,10 @@ def launch(self:Learner,
             print(f'fastai_xla: the failed launch\'s files (job, events, tracebacks) are kept in {job_dir}', file=sys.stderr)
 
 @patch
-def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, grace):
+def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, grace, forked_first=False):
     "Start the replicas on `job` in `job_dir`, relay their progress here, raise their failures, load the result."
     if method == 'fork': _jobs[str(job_dir)] = job
-    else: _write_job(job_dir, job, method)
+    else: _write_job(job_dir, job, method, forked_first)
     log, display, pos = _EventLog(job_dir/'events.jsonl'), _ProgressDisplay(), 0
     failure, stop, sigterm_at = [], threading.Event(), {}
     def run():
@@ -277,6 +317,7 @@ def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, grace):
             _stop_replicas(stop, runner, ours, pids)
             raise
     errors = _replica_errors(job_dir)
+    if errors and (every := _every_replica_raised(job_dir, len(getattr(launcher, 'procs', [])) or nprocs or 1)) is not None: raise every
     if errors:
         detail = '\n'.join(errors)
         raise RuntimeError(f'{len(errors)} replica(s) failed:\n{detail}') from (failure[0] if failure else None)

@@ -115,20 +115,20 @@ SIGTERM_TO_A_REPLICA = '''
     def train(learn): learn.fit(20, 1e-2, cbs=SigtermAt())
     start = time.monotonic()
     try: learn.launch(train, nprocs=2, transport='gloo', start_method='fork')
-    except Exception as e: print('STOPPED', type(e).__name__, str(e)[:300])
+    except BaseException as e: print('STOPPED', type(e).__name__, str(e)[:300])
     print('AFTER', round(time.monotonic() - start, 1))
 '''
 
 def test_sigterm_to_a_forked_replica_stops_the_run():
     """A forked replica acts on SIGTERM as a spawned one does: it used to inherit the launcher's handler, which passes the
-    signal on, and so ignored it while the run went on (20 epochs). Without `ResumeCallback` the signal ends the replica,
-    and the launch stops as a failure."""
+    signal on, and so ignored it while the run went on (20 epochs). Without `ResumeCallback`, the `StopOnSignal` `launch`
+    gives every replica stops them all after the same step: `Preempted` out of `launch`."""
     with tempfile.TemporaryDirectory() as d:
         script = Path(d)/'script.py'
         script.write_text(textwrap.dedent(SIGTERM_TO_A_REPLICA))
         r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=d,
                            env={**os.environ, 'PJRT_DEVICE': 'CPU'})
-    assert 'STOPPED' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]                  # (before: the 20 epochs ran to their end)
+    assert 'STOPPED Preempted' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]        # (before: the 20 epochs ran to their end)
     assert float(re.search(r'AFTER ([0-9.]+)', r.stdout).group(1)) < 120, r.stdout[-3000:]   # (seconds once started)
 
 def test_launch_refuses_when_the_runtime_is_already_running():
@@ -229,3 +229,55 @@ def test_a_launch_after_an_eager_fit_trains():
     assert float(r.stdout.split('LAUNCHED ')[1].split()[0]) > 0.5, r.stdout[-2000:]
     fault_row('`learn.launch` after an eager CPU `fit` in the same notebook', "`fastai_xla: this process ran a backward pass on the CPU "
               "before its first launch ...: starting them again with start_method='forkserver' (forked from a fresh process, ...)`, and it trains", None, 'nothing (a first try of a few seconds)')
+
+# --- what a launch says when it cannot go on (issue 48): each message names what is wrong and the fix
+
+MESSAGES = '''
+import os, sys, resource, signal, tempfile, threading, warnings; warnings.filterwarnings('ignore')
+from pathlib import Path
+from fastai.vision.all import *
+from fastai_xla.all import *
+from fastai_xla.demo import digits_dls
+def said(case, f):
+    try: f(); print(f'CASE {case}: no error')
+    except BaseException as e: print(f'CASE {case}: {type(e).__name__}: ' + str(e).replace(chr(10), ' ') + ' NOTES ' + ' '.join(getattr(e, '__notes__', [])).replace(chr(10), ' '))
+linear = lambda: Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))
+def bad_config(learn): raise ValueError('the learning rate schedule is wrong')
+said('same', lambda: linear().launch(bad_config, nprocs=2, transport='gloo', start_method='fork'))
+said('nothing', lambda: Learner(digits_dls(), nn.Sequential(Flatten(), nn.Identity()), loss_func=CrossEntropyLossFlat())
+                        .launch(lambda learn: learn.fit(1), nprocs=2, transport='gloo', start_method='fork'))
+def full_disk():                         # (a temporary folder with no room: any write over 2 kB fails, as on a full disk)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+    try: linear().launch(lambda learn: learn.fit(1), nprocs=2, transport='gloo', start_method='spawn')
+    finally: resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+said('full', full_disk)
+print('LEFT', sorted(p.name for p in Path(tempfile.gettempdir()).glob('fastai_xla-*')))
+eager = linear()
+with eager.no_bar(): eager.fit(1, 1e-2)                    # an eager CPU fit: forked replicas cannot train after it
+class Unpicklable(Callback):
+    def __init__(self): self.lock = threading.Lock()
+said('unpicklable', lambda: Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), cbs=Unpicklable())
+                            .launch(lambda learn: learn.fit(1), nprocs=2, transport='gloo'))
+'''
+
+def test_what_a_launch_says_when_it_cannot_go_on(tmp_path):
+    """Every replica raising the same error: that error out of `launch` (not `RuntimeError: 2 replica(s) failed` around it);
+    a model without parameters: said before fastai's `IndexError`; a temporary folder without room: what to do, and no
+    folder left; an unpicklable callback after an eager fit: no advice to use fork, which cannot run there."""
+    (tmp_path/'tmp').mkdir()
+    r = subprocess.run([sys.executable, '-c', MESSAGES], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU', 'TMPDIR': str(tmp_path/'tmp')})
+    cases = dict(re.findall(r'^CASE (\w+): (.*)$', r.stdout, re.M))
+    assert len(cases) == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    assert cases['same'].startswith('ValueError: the learning rate schedule is wrong NOTES (every replica, 2 of them, raised it'), cases
+    assert cases['nothing'].startswith('ValueError: The model (Sequential) has no parameters: there is nothing to train'), cases
+    assert cases['full'].startswith('OSError: [Errno 27] The launch cannot write its files') and 'set the environment variable TMPDIR' in cases['full'], cases
+    assert "LEFT []" in r.stdout, r.stdout[-2000:]                                # (no half-made job folder left behind)
+    assert cases['unpicklable'].startswith("RuntimeError: start_method='forkserver' pickles the learner") and \
+        "start_method='fork' cannot run here either" in cases['unpicklable'], cases
+    fault_row('Every replica raises the same error (in the launched function, say)', 'that error out of `launch`, with the first '
+              "replica's traceback as a note", None, 'the run')
+    fault_row('`learn.launch` with a temporary folder without room', '`OSError: ... The launch cannot write its files ... in /tmp: '
+              'File too large. Free space there, or set the environment variable TMPDIR ...`; nothing left behind', None, 'nothing')

@@ -10,11 +10,11 @@ from .backend import *
 from .settings import current_backend
 
 # %% auto #0
-__all__ = ['module_versions', 'callback_versions', 'metric_versions', 'transform_versions', 'XLA_FEATURES', 'xla_device',
-           'device_kind', 'is_xla', 'off_host', 'AutogradStartedFirst', 'check_autograd', 'step_boundary', 'tensors_in',
-           'map_tensors', 'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'xla_version',
-           'fastai_version', 'VersionTable', 'load_features', 'model_on_xla', 'checked_seed', 'xla_counters',
-           'counters_diff']
+__all__ = ['module_versions', 'callback_versions', 'metric_versions', 'transform_versions', 'XLA_FEATURES', 'XLA_FEATURES_OF',
+           'xla_device', 'device_kind', 'is_xla', 'off_host', 'AutogradStartedFirst', 'check_autograd', 'step_boundary',
+           'tensors_in', 'map_tensors', 'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class',
+           'xla_version', 'fastai_version', 'VersionTable', 'load_features', 'model_on_xla', 'checked_seed',
+           'xla_counters', 'counters_diff']
 
 # %% ../nbs/00_core.ipynb #4ab70f06
 def xla_device() -> torch.device:
@@ -191,14 +191,18 @@ class VersionTable:
 module_versions, callback_versions, metric_versions, transform_versions = (
     VersionTable('modules'), VersionTable('callbacks'), VersionTable('metrics'), VersionTable('batch transforms'))
 
-# %% ../nbs/00_core.ipynb #f1960405
+# %% ../nbs/00_core.ipynb #d84f5628
 XLA_FEATURES = ('fastai_xla.metrics', 'fastai_xla.checkpoint', 'fastai_xla.resume', 'fastai_xla.precision',
                 'fastai_xla.diagnostics', 'fastai_xla.models', 'fastai_xla.augment', 'fastai_xla.text')
 
+XLA_FEATURES_OF = {'fastai.vision.gan': 'fastai_xla.gan'}   # fastai's module -> the feature loaded once it is
+
 def load_features():
-    "Load every feature of an XLA learner (`XLA_FEATURES`): each fills the version tables and learner hooks it provides, once."
-    import importlib
+    "Load every feature of an XLA learner (`XLA_FEATURES`, and those of `XLA_FEATURES_OF` whose fastai module is loaded): each fills the version tables and learner hooks it provides, once."
+    import importlib, sys
     for name in XLA_FEATURES: importlib.import_module(name)
+    for fastai_module, name in XLA_FEATURES_OF.items():
+        if fastai_module in sys.modules: importlib.import_module(name)
 
 def model_on_xla(model):
     "Make every module of `model` that has an XLA version (`module_versions`) that version, in place (an XLA learner does it to its model through its record of changes)."

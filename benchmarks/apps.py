@@ -10,7 +10,11 @@ CPU, then with `.to_tpu_distributed()` (one replica, the CPU XLA device):
 - `segmentation`: `SegmentationDataLoaders.from_label_func` (the digits as 32x32 images and per-pixel digit masks),
   `aug_transforms()`, `unet_learner(resnet18, pretrained=False, metrics=DiceMulti())`;
 - `tabular`: `TabularDataLoaders.from_df` (the 64 pixels as a frame, 8 of them categorical), `tabular_learner`;
-- `collab`: `CollabDataLoaders.from_df` (a ratings frame: users are digits, items pixels), `collab_learner`.
+- `collab`: `CollabDataLoaders.from_df` (a ratings frame: users are digits, items pixels), `collab_learner`;
+- `torch_loaders`: fastai's "PyTorch to fastai" tutorial as written: plain PyTorch `DataLoader`s of a map-style dataset
+  (the digits as 1x8x8 tensors) in fastai's `DataLoaders`, an `nn.Sequential`, PyTorch's `cross_entropy`;
+- `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
+  16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
 Text (`AWD_LSTM`) has its own script, `text.py`.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
@@ -54,7 +58,35 @@ def collab(out):
     dls = CollabDataLoaders.from_df(digits_ratings_frame(), bs=256, seed=42)
     return collab_learner(dls, n_factors=32, y_range=(0, 16.5)), 'valid_loss', 5e-2
 
-RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab)
+class DigitTensors(torch.utils.data.Dataset):
+    "The digits as a PyTorch user writes a dataset: a 1x8x8 image tensor and a label per index (the first 1,400 train)."
+    def __init__(self, train:bool):
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        order = torch.randperm(len(d.target), generator=torch.Generator().manual_seed(42))
+        self.idx = order[:1400] if train else order[1400:]
+        self.x, self.y = torch.tensor(d.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16., torch.tensor(d.target)
+    def __len__(self): return len(self.idx)
+    def __getitem__(self, i): return self.x[self.idx[i]], self.y[self.idx[i]]
+
+def torch_loaders(out):
+    train = torch.utils.data.DataLoader(DigitTensors(True), batch_size=64, shuffle=True)
+    valid = torch.utils.data.DataLoader(DigitTensors(False), batch_size=128)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 10))
+    return Learner(DataLoaders(train, valid), model, loss_func=F.cross_entropy, metrics=accuracy), 'accuracy', 3e-3
+
+def gan(out):
+    from fastai.vision.gan import GANLearner, basic_generator, basic_critic, generate_noise
+    path = digits_folder(out/'fastai_xla_digits16', size=16)
+    dblock = DataBlock(blocks=(TransformBlock, ImageBlock), get_x=generate_noise, get_items=get_image_files,
+                       splitter=IndexSplitter([]), item_tfms=Resize(16), batch_tfms=Normalize.from_stats(0.5, 0.5))
+    dls = dblock.dataloaders(path, path=path, bs=64)
+    generator = basic_generator(16, n_channels=3, n_extra_layers=1)
+    critic = basic_critic(16, n_channels=3, n_extra_layers=1, act_cls=partial(nn.LeakyReLU, negative_slope=0.2))
+    return GANLearner.wgan(dls, generator, critic, opt_func=RMSProp), 'train_loss', 1e-4
+
+RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan)
+FITS = dict(gan='fit')   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
 
 class EpochStats(Callback):
     "Each epoch's time and, on XLA, its counters."
@@ -69,6 +101,7 @@ class EpochStats(Callback):
 
 def final(learn, name):
     names = list(learn.recorder.metric_names[1:-1])     # without 'epoch' and 'time'
+    if name == 'train_loss': return learn.recorder.values[-1][0]
     return learn.recorder.values[-1][names.index(name)]
 
 def run(recipe, out, epochs, on_xla):
@@ -76,7 +109,7 @@ def run(recipe, out, epochs, on_xla):
     learn, metric, lr = RECIPES[recipe](out)
     if on_xla: learn = learn.to_tpu_distributed()
     stats = EpochStats(on_xla)
-    with learn.no_bar(), learn.no_logging(): learn.fit_one_cycle(epochs, lr, cbs=stats)
+    with learn.no_bar(), learn.no_logging(): getattr(learn, FITS.get(recipe, 'fit_one_cycle'))(epochs, lr, cbs=stats)
     value, counts = final(learn, metric), StepCounts()
     with learn.no_bar(), learn.no_logging(): learn.fit(1, lr / 10, cbs=_counting_callback(counts, epoch=0))
     return stats.epochs, value, metric, counts.per_step()

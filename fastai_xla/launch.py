@@ -25,7 +25,7 @@ from .resume import recorder_history, restore_history, rng_states, set_rng_state
 from .distributed import *
 
 # %% auto #0
-__all__ = ['RelayProgressCallback', 'remove_stale_jobs']
+__all__ = ['launch_records', 'RelayProgressCallback', 'remove_stale_jobs']
 
 # %% ../nbs/04a_launch.ipynb #4b58d109
 class _EventLog:
@@ -87,7 +87,9 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #c38730bb
+# %% ../nbs/04a_launch.ipynb #60405b74
+launch_records = {}   # name -> (get(learn), put(learn, value)): what else a feature brings back from the master (plain values), e.g. 14_gan's losses
+
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -113,6 +115,7 @@ def _run_replica(job_dir):
         learn.xla_run.finish()              # (its silence from now on is no failure: see `Run.watch`)
         if learn.xla_run.is_master:
             result = dict(state=host_state(learn.model, getattr(learn, 'opt', None)), recorder=recorder_history(learn),
+                          records={name: get(learn) for name, (get, put) in launch_records.items()},
                           diagnostics=_diagnostics_rows(learn), **_returned(out))
             save_atomically(result, job_dir/'result.pth')
     except Preempted as e:                  # (every replica stops so, after the same step: not a failure)
@@ -206,7 +209,7 @@ def _passing_sigterm(pids, sigterm_at:dict):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-# %% ../nbs/04a_launch.ipynb #da601b32
+# %% ../nbs/04a_launch.ipynb #bf9f32fe
 def _no_room(e:OSError, where) -> OSError:
     "A launch's files could not be written into `where`: say what to do."
     return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
@@ -355,6 +358,8 @@ def _load_launch_result(self:Learner, result):
         if self.opt is None: self.create_opt()
         self.opt.load_state_dict(state['opt'])
     restore_history(self, result['recorder'])
+    for name, value in result.get('records', {}).items():
+        if value is not None and name in launch_records: launch_records[name][1](self, value)
     self.xla_launched_diagnostics = result.get('diagnostics') or []   # (the master's, for `xla_report` here)
 
 # %% ../nbs/04a_launch.ipynb #02877afd

@@ -130,6 +130,8 @@ def test_sigterm_to_a_forked_replica_stops_the_run():
                            env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert 'STOPPED Preempted' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]        # (before: the 20 epochs ran to their end)
     assert float(re.search(r'AFTER ([0-9.]+)', r.stdout).group(1)) < 120, r.stdout[-3000:]   # (seconds once started)
+    fault_row('SIGTERM to one forked replica, no `ResumeCallback`', 'every replica stops after the same step; `Preempted` out of '
+              '`launch` (a forked replica used to ignore it, and the run went on)', None, 'the run since its start (nothing saved)')
 
 def test_launch_refuses_when_the_runtime_is_already_running():
     learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)))

@@ -70,3 +70,6 @@ def test_a_stranger_without_the_secret_can_neither_stop_nor_preempt_nor_run_code
     for r in range(2): assert json.loads((tmp_path/f'done-{r}.json').read_text())['epochs'] == 5
     assert not (tmp_path/'pwned').exists()
     assert not any('stranger' in o or 'preempted' in o for o in outs), outs
+    fault_row('a stranger on the network, without the run\'s secret, writes a failure, "yes" votes and a pickle that would run a '
+              'command into a 2-host run\'s store', 'nothing: the run trains to its end, nothing runs (a store beyond loopback '
+              'without `FASTAI_XLA_SECRET` is refused)', None, 'nothing')

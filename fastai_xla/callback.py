@@ -367,7 +367,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #e353e40e
+# %% ../nbs/03_callback.ipynb #32e638dd
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -402,6 +402,7 @@ class XLALearner(XLAVersion):
     def fit(self, *args, **kwargs):
         "fastai's `fit`, after `check_can_fit`; on a replica of a multi-replica run, a failure is first told to the other replicas."
         check_can_fit(self)                               # (every replica refuses alike: nothing to tell the others)
+        outer, self._xla_in_fit = getattr(self, '_xla_in_fit', False), True   # (a fit, not `validate` or `get_preds`: see 07_diagnostics)
         try: return super().fit(*args, **kwargs)
         except BaseException as e:
             run = self.xla_run
@@ -413,6 +414,9 @@ class XLALearner(XLAVersion):
                 raise ReplicasDiverged(f"replica {run.ordinal} stops, because {failure[1]}") from e
             run.tell(f"replica {run.ordinal} failed in fit:\n{''.join(traceback.format_exception(e))}")
             raise
+        finally:
+            if outer: self._xla_in_fit = outer
+            else: self.__dict__.pop('_xla_in_fit', None)
 
     def predict(self, *args, **kwargs):
         "fastai's `predict`, on this replica alone (its one-item loader is not sharded): the master may predict without the others."

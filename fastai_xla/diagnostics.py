@@ -83,7 +83,7 @@ def fallback_advice(fallbacks:dict) -> str:
     return ' '.join(sorted(tips)) or ("Give the module an XLA version that lowers (`module_versions.register`, as 13_models does "
                                       "for `AvgPool2d(ceil_mode=True)`), or move the work into the data pipeline.")
 
-# %% ../nbs/07_diagnostics.ipynb #1799e78f
+# %% ../nbs/07_diagnostics.ipynb #c392a579
 def learner_backend(learn):
     "The backend `learn` trains on: its run's (set by `to_xla`), else this replica's."
     run = getattr(learn, 'xla_run', None)
@@ -136,7 +136,8 @@ BOUND_ADVICE = {
 
 def what_bounds(rows:list) -> str:
     "A sentence naming what bounds the last fit in `rows` (epoch rows of `XLADiagnostics`), from its epochs after the first (which compiles), and what to change."
-    last = [r for r in rows if r['fit'] == rows[-1]['fit'] and r.get('time')]
+    fits = [r for r in rows if r.get('kind', 'fit') == 'fit'] or rows    # (a `validate` after it does not bound a run)
+    last = [r for r in fits if r['fit'] == fits[-1]['fit'] and r.get('time')]
     if not last: return 'No epoch was timed.'
     steady = last[1:] or last
     total = {k: sum(r['time'].get(k, 0.) for r in steady) for k in ['wall', *HOST_SHARES]}
@@ -148,7 +149,7 @@ def what_bounds(rows:list) -> str:
                 f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #98bc69b6
+# %% ../nbs/07_diagnostics.ipynb #8050d1dd
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
     run_valid = False
@@ -178,7 +179,7 @@ class XLADiagnostics(Callback):
     def before_fit(self):
         self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
         self.phases = set()    # the optimizer's step phases seen (`step_phase`: ranger's steps trace three graphs)
-        self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit'
+        self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit' if getattr(self.learn, '_xla_in_fit', False) else 'validate'
         for stale in [cb for cb in self.learn.cbs if type(cb).__name__ == 'DeviceReadProbe']: self.learn.remove_cb(stale)   # (a failed fit's)
         self.probe = DeviceReadProbe(self.order) if self.fit_kind == 'fit' else None
         if self.probe is not None: self.learn.add_cb(self.probe)        # (it leaves after its steps)
@@ -304,7 +305,8 @@ def xla_report(self:Learner):
     for r in rows:
         if r['fit'] != fit:
             fit = r['fit']
-            print(f"fit {fit}" + (" (lr_find: not checked, fastai's LRFinder reads the loss every batch)" if r['kind'] == 'lr_find' else '') + ':')
+            print((f"validate {fit} (`validate`, `get_preds` or `tta`)" if r['kind'] == 'validate' else f"fit {fit}")
+                  + (" (lr_find: not checked, fastai's LRFinder reads the loss every batch)" if r['kind'] == 'lr_find' else '') + ':')
         print('  ' + XLADiagnostics.format_row(r))
         for n, (m, ops) in r.get('fallback_modules', {}).items():
             print(f"      from `{n}` ({type(m).__name__}): " + ', '.join(f'{k} ({v}x)' for k, v in ops.items()))

@@ -14,7 +14,7 @@ from .callback import *
 # %% auto #0
 __all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision', 'XLAPrecisionMethods']
 
-# %% ../nbs/06_precision.ipynb #f2f6dc58
+# %% ../nbs/06_precision.ipynb #432f7732
 class XLAMixedPrecision(MixedPrecision):
     "bfloat16 mixed precision on an XLA device: XLA autocast, no grad scaler."
     order = MixedPrecision.order
@@ -39,8 +39,14 @@ def xla_precision_cbs(cbs):
     return res
 
 def refuse_float16(learn):
-    "Raise if `learn` has fastai's float16 `MixedPrecision` (CUDA's), which XLA devices do not run."
-    xla_precision_cbs([cb for cb in learn.cbs if type(cb) is MixedPrecision])
+    "Raise if `learn` has fastai's float16 `MixedPrecision` (CUDA's), which XLA devices do not run (naming `to_channelslast`'s, when it came from there)."
+    from fastai.callback.channelslast import ChannelsLast
+    try: xla_precision_cbs([cb for cb in learn.cbs if type(cb) is MixedPrecision])
+    except ValueError as e:
+        if not any(isinstance(cb, ChannelsLast) for cb in learn.cbs): raise
+        raise ValueError("`to_channelslast()` turned on CUDA's float16 mixed precision, which XLA devices do not run (and XLA "
+                         "chooses memory layouts itself). Call `to_channelslast(amp_mode='bf16')` instead, or just `to_bf16()`, "
+                         "before or after `to_xla()`.") from e
 
 def use_xla_precision(learn):
     "Replace `learn`'s fastai bf16 `MixedPrecision` by `XLAMixedPrecision` (noted in the learner's record of changes: `detach_xla` and `export` give fastai's back)."

@@ -101,7 +101,7 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
     assert re.search(r'fit 1, epochs 1-2: ' + said, report), report
 
 SIGTERM_TO_A_REPLICA = '''
-    import os, signal, time
+    import os, sys, signal, time
     from fastai_xla.all import *
     from fastai_xla.demo import digits_dls
     from fastai.vision.all import *
@@ -114,23 +114,24 @@ SIGTERM_TO_A_REPLICA = '''
 
     def train(learn): learn.fit(20, 1e-2, cbs=SigtermAt())
     start = time.monotonic()
-    try: learn.launch(train, nprocs=2, transport='gloo', start_method='fork')
+    try: learn.launch(train, nprocs=2, transport='gloo', start_method=sys.argv[1])
     except BaseException as e: print('STOPPED', type(e).__name__, str(e)[:300])
     print('AFTER', round(time.monotonic() - start, 1))
 '''
 
-def test_sigterm_to_a_forked_replica_stops_the_run():
+@pytest.mark.parametrize('method', ['fork', 'forkserver', 'spawn'])
+def test_sigterm_to_a_forked_replica_stops_the_run(method):
     """A forked replica acts on SIGTERM as a spawned one does: it used to inherit the launcher's handler, which passes the
     signal on, and so ignored it while the run went on (20 epochs). Without `ResumeCallback`, the `StopOnSignal` `launch`
     gives every replica stops them all after the same step: `Preempted` out of `launch`."""
     with tempfile.TemporaryDirectory() as d:
         script = Path(d)/'script.py'
         script.write_text(textwrap.dedent(SIGTERM_TO_A_REPLICA))
-        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=d,
+        r = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=600, cwd=d,
                            env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert 'STOPPED Preempted' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]        # (before: the 20 epochs ran to their end)
     assert float(re.search(r'AFTER ([0-9.]+)', r.stdout).group(1)) < 120, r.stdout[-3000:]   # (seconds once started)
-    fault_row('SIGTERM to one forked replica, no `ResumeCallback`', 'every replica stops after the same step; `Preempted` out of '
+    if method == 'fork': fault_row('SIGTERM to one replica, no `ResumeCallback` (fork, forkserver, spawn)', 'every replica stops after the same step; `Preempted` out of '
               '`launch` (a forked replica used to ignore it, and the run went on)', None, 'the run since its start (nothing saved)')
 
 def test_launch_refuses_when_the_runtime_is_already_running():

@@ -37,11 +37,12 @@ def off_host(t) -> bool:
     "Is `t` (a tensor or a device) on a device other than the host: an XLA device, TorchTPU's `tpu`? (The native backend's CPU device is the host.)"
     return _device_type(t) not in (None, 'cpu')
 
-# %% ../nbs/00_core.ipynb #71c78704
+# %% ../nbs/00_core.ipynb #b9a04b00
 _autograd_ok = set()
 
 class AutogradStartedFirst(RuntimeError):
     "PyTorch's autograd engine started in this process before the XLA device existed (`learn.launch` starts its replicas afresh then)."
+    every_replica_raises = True   # (a replica forked from such a process has it, as every other does: one says it for all)
 
 def check_autograd(device=None):
     "Raise a clear error if autograd cannot run backward passes on the XLA `device` in this process."

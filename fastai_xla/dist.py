@@ -192,7 +192,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #1cc2bd8d
+# %% ../nbs/00c_dist.ipynb #1c14b7bb
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -249,13 +249,15 @@ def _replica_main(settings_env:dict, threads:int, job:str):
             # (interrupted: the launcher stops them all; a collective that fails as another replica leaves is no news)
             if not isinstance(e, (SystemExit, KeyboardInterrupt)) and not interrupted.is_set(): traceback.print_exc()
             statuses.append(_exit_status(e))
-    if threads == 1: one(base)
-    else:
-        ts = [threading.Thread(target=one, args=(base.with_(rank=base.rank * threads + t, local_rank=base.local_rank * threads + t,
-                               world_size=base.world_size * threads, local_world_size=base.local_world_size * threads),),
-                               name=f'fastai_xla replica {base.rank * threads + t}') for t in range(threads)]
-        for t in ts: t.start()
-        for t in ts: t.join()
+    try:
+        if threads == 1: one(base)
+        else:
+            ts = [threading.Thread(target=one, args=(base.with_(rank=base.rank * threads + t, local_rank=base.local_rank * threads + t,
+                                   world_size=base.world_size * threads, local_world_size=base.local_world_size * threads),),
+                                   name=f'fastai_xla replica {base.rank * threads + t}') for t in range(threads)]
+            for t in ts: t.start()
+            for t in ts: t.join()
+    except KeyboardInterrupt: statuses.append(INTERRUPTED_STATUS)   # (the launcher's one interrupt, come as the work ended anyway)
     sys.stdout.flush(); sys.stderr.flush()
     # interpreter shutdown would now destroy gloo's and the store's C++ objects, and under load one of them can still have a
     # joinable thread ("terminate called without an active exception"): a crash after the work is done would fail the launch

@@ -153,7 +153,7 @@ def _replica_entry(index, job_dir):
     "What every replica runs, whatever started it (`xmp.spawn`, `ReplicaProcesses`): the job in `job_dir`, ended with the launching process."
     TellingFailures(_run_replica)(job_dir)
 
-# %% ../nbs/04a_launch.ipynb #34467f26
+# %% ../nbs/04a_launch.ipynb #c652a6b7
 def _preempted(job_dir) -> str|None:
     "What the replicas that stopped on a signal (`Preempted`) said, or None."
     said = [p.read_text() for p in sorted(Path(job_dir).glob('preempted-*.txt'))]
@@ -162,9 +162,9 @@ def _preempted(job_dir) -> str|None:
 def _every_replica_raised(job_dir, replicas:int) -> BaseException|None:
     "The error each of the `replicas` raised, when all raised the same (class and message): made again here, with the first one's traceback as a note; else None."
     said = [json.loads(p.read_text()) for p in sorted(Path(job_dir).glob('error-*.json'))]
-    if len(said) < replicas or any(s != said[0] for s in said): return None
+    if not said or any(s != said[0] for s in said): return None
     cls = _exception_class(said[0]['module'], said[0]['type'])
-    if cls is None: return None
+    if cls is None or (len(said) < replicas and not getattr(cls, 'every_replica_raises', False)): return None   # (one says it for all)
     try: e = cls(said[0]['message'])
     except Exception: return None                       # (a class that needs more than a message)
     first = sorted(Path(job_dir).glob('error-*.txt'))[0]

@@ -18,9 +18,9 @@
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: 26.3 minutes on a fresh clone of this project's 2-core machine on 2026-11-26,
-# set-up included (the machine of that day ran faster than the one that measured 47.5 minutes a stop before; the native
-# backend's step on its stand-in device took 2 min 40 s of it, the CPU's 1 min before). The goal: at most 50. Other
+# minutes more. The default run is CI's: 27.7 minutes on a fresh clone of this project's 2-core machine on 2026-11-27,
+# set-up included (stack 1's pytest 12 min 56 s with the signal, stranger and torch-loader tests; the native backend's
+# step on its stand-in device 2 min 27 s). The goal: at most 50. Other
 # arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi

@@ -105,7 +105,7 @@ def gloo_options(master_addr:str|None, timeout):
                      else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
-# %% ../nbs/00c_dist.ipynb #b00bb192
+# %% ../nbs/00c_dist.ipynb #f00fbc2e
 class DistCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -120,7 +120,8 @@ class DistCollectives(Collectives):
     def store(self):
         "The store replica 0 serves for the group and the run's meetings (connected at the first use), on the master's address only."
         if self._store is None:
-            s = check_exposure(self.settings) or self.settings
+            s = self.settings
+            check_exposure(s)
             try: self._store, self._listener = meeting_store(s.master_addr, s.master_port, s.world_size, s.timeout, serve=s.rank == 0)
             except (OSError, RuntimeError, dist.DistError) as e: raise joining_error(s, e) from e
         return self._store

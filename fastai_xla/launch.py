@@ -87,7 +87,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #60405b74
+# %% ../nbs/04a_launch.ipynb #34ab152e
 launch_records = {}   # name -> (get(learn), put(learn, value)): what else a feature brings back from the master (plain values), e.g. 14_gan's losses
 
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
@@ -109,7 +109,7 @@ def _run_replica(job_dir):
             for cb in [cb for cb in learn.cbs if isinstance(cb, ProgressCallback)]: learn.xla_changes.remove_cb(cb)
             learn.xla_changes.add_cb(RelayProgressCallback(log))
             sys.stdout = _RelayStream(log)
-        if not any(isinstance(cb, StopOnSignal) for cb in learn.cbs): learn.xla_changes.add_cb(StopOnSignal())   # (a shutdown's SIGTERM: all stop after the same step)
+        if not any(isinstance(cb, StopOnSignal) for cb in learn.cbs): learn.xla_changes.add_cb(StopOnSignal(warn=False))   # (a shutdown's SIGTERM: all stop after the same step)
         out = fn(learn, *args, **kwargs)
         learn.xla_run.barrier('the end of the function learn.launch runs')
         learn.xla_run.finish()              # (its silence from now on is no failure: see `Run.watch`)

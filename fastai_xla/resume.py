@@ -192,12 +192,13 @@ def _in_fit_of(learn, frame) -> bool:
         frame = frame.f_back
     return False
 
-# %% ../nbs/05a_resume.ipynb #1225c49f
+# %% ../nbs/05a_resume.ipynb #f18a402e
 class StopOnSignal(Callback):
     "On `signals`, stop every replica after the same training step and leave with `Preempted` (nothing saved: see `ResumeCallback`)."
     order = 65   # after the Recorder and SaveModelCallback have seen the epoch
-    def __init__(self, signals=('SIGTERM',), check_every:int=10):
-        self.signals, self.check_every = [signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals], check_every
+    def __init__(self, signals=('SIGTERM',), check_every:int=10, warn:bool=True):
+        # warn: say so when a replica thread cannot note the signals (`learn.launch` adds one that does not: nobody asked for it)
+        self.signals, self.check_every, self.warn = [signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals], check_every, warn
         self.asked, self.previous = None, {}
 
     def before_fit(self):
@@ -209,7 +210,7 @@ class StopOnSignal(Callback):
             # a replica thread (TPU v2/v3): only the process's main thread gets signals; a launcher of replica threads
             # (`ReplicaProcesses(threads=...)`) notes them there for the threads (`process_signals`)
             missed = [s.name for s in self.signals if s not in self.noticed]
-            if missed: warnings.warn(f"{type(self).__name__}: a replica thread whose process's main thread notes no {missed}: "
+            if missed and self.warn: warnings.warn(f"{type(self).__name__}: a replica thread whose process's main thread notes no {missed}: "
                                      "the run does not stop on them.")
             return
         for s in self.signals: self.previous[s] = signal.signal(s, self._on_signal)

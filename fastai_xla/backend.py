@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
            'backend_named', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #04b3326a
+# %% ../nbs/00_backend.ipynb #aaa0366b
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -73,6 +73,9 @@ class Counters:
     def counters(self) -> dict:
         "`compiles`, `executions`, `to_host`, `to_device`."
         return dict(compiles=0, executions=0, to_host=0, to_device=0)
+    def compiles(self) -> int:
+        "`counters()['compiles']` alone, cheap enough to read at every step (`XLADiagnostics` names the step that compiled)."
+        return self.counters()['compiles']
     def seconds(self) -> dict:
         "Seconds spent so far `compiling`, `waiting_for_device` (the host blocked on it), `executing` (the device busy), `transferring_in` (to the device): what the runtime measures; nothing where it does not."
         return {}

@@ -168,7 +168,7 @@ class XLASpawn(Launcher):
         import_torch_xla(); import torch_xla.distributed.xla_multiprocessing as xmp
         xmp.spawn(fn, args=tuple(args), nprocs=nprocs, start_method=start_method)
 
-# %% ../nbs/00d_backend_xla.ipynb #e69e743e
+# %% ../nbs/00d_backend_xla.ipynb #5651c0ed
 class XLACounters(Counters):
     "torch_xla's metrics and counters, its graphs, and its compile cache."
     # (SPMD runs its graphs through `ExecuteReplicated`, timed as `ExecuteReplicatedTime`)
@@ -177,6 +177,7 @@ class XLACounters(Counters):
     def counters(self):
         met = _met()
         return {k: sum((met.metric_data(name) or (0,))[0] for name in names) for k, names in self._COUNTED.items()}
+    def compiles(self): return (_met().metric_data('CompileTime') or (0,))[0]
     # the host waits for the device when it locks it for the next graph (the previous still running) and when it reads a value
     _TIMED = dict(compiling=('CompileTime',), waiting_for_device=('DeviceLockWait', 'TransferFromDeviceTime'),
                   executing=('ExecuteTime', 'ExecuteReplicatedTime'), transferring_in=('TransferToDeviceTime',))

@@ -167,7 +167,7 @@ class RestoreAfterLRFind(Callback):
             rebind_optimizer(self.learn.opt, self.learn.model, {}, self.learn.splitter)
         self.learn.remove_cb(self)
 
-# %% ../nbs/03_callback.ipynb #de0973ba
+# %% ../nbs/03_callback.ipynb #b319c20e
 class PaddingCallback(Callback):
     "Cut a static-shape batch's padding rows out before the loss and metrics; skip a batch of padding only."
     order, run_valid = TrainEvalCallback.order - 0.5, True
@@ -194,6 +194,9 @@ class PaddingCallback(Callback):
     def after_pred(self):
         "Cut the padding rows out before the loss, the metrics and `get_preds` see the batch."
         if self.rows is None: return
+        # out of training, the padded batch's forward ends here: the graph every full batch runs, and the cut a small graph of
+        # its own, so that a set of a new size (`test_dl`, `tta`, `predict`) compiles no forward of the model again
+        if not self.training: step_boundary()
         self.learn.pred = trim_batch(self.pred, self.rows)
         self.learn.xb, self.learn.yb = trim_batch(self.xb, self.rows), trim_batch(self.yb, self.rows)
 

@@ -19,10 +19,11 @@ from .run import replica_ordinal
 from .callback import finding_lr, on_xla_learner
 
 # %% auto #0
-__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'UNTOLD', 'BOUND_ADVICE', 'fallback_counts',
-           'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'learner_backend', 'epoch_clock',
-           'time_split', 'device_measured', 'format_split', 'what_bounds', 'DeviceReadProbe', 'XLADiagnostics',
-           'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
+__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'UNTOLD', 'BOUND_ADVICE', 'LATE_COMPILE_ADVICE',
+           'fallback_counts', 'fallback_modules', 'XLAPerformanceWarning', 'fallback_advice', 'learner_backend',
+           'epoch_clock', 'time_split', 'device_measured', 'format_split', 'what_bounds', 'step_kind',
+           'late_compile_message', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache',
+           'ProfileSteps']
 
 # %% ../nbs/07_diagnostics.ipynb #1ed61fd9
 def fallback_counts() -> dict:
@@ -149,7 +150,33 @@ def what_bounds(rows:list) -> str:
                 f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #8050d1dd
+# %% ../nbs/07_diagnostics.ipynb #c0a2e1c9
+def step_kind(learn) -> str|None:
+    "What kind of step the learner takes next, where its callbacks train different graphs in turn (a GAN's `'generator'` and `'critic'` steps): the `xla_step_kind` of the callbacks that have one."
+    kinds = [k for cb in learn.cbs if (k := getattr(cb, 'xla_step_kind', None)) is not None]
+    return ', '.join(kinds) or None
+
+LATE_COMPILE_ADVICE = {
+    'new input shapes': "New input shapes make new graphs: batches change shape (a ragged last batch, variable-size inputs, a callback "
+        "slicing the batch). Give every batch one shape: XLADataLoader drops or pads the tail; pad variable-size inputs to a few fixed sizes.",
+    'same inputs': "A step with the input shapes and kind of earlier steps traced a different graph: something in it changes from step to "
+        "step (a Python number, a branch on a value, a device value read mid-step that cuts the graph elsewhere). Pass changing "
+        "numbers as tensors.",
+    'end': "A phase's end computed something it had not before (a metric or callback on values of a new shape).",
+    'before': "Something between steps (the loader's batch transforms, a callback's `before_batch`) ran a graph of its own.",
+}
+
+def late_compile_message(row:dict, late:list, unexpected:int) -> str:
+    "What `XLADiagnostics` says of `unexpected` graphs compiled in an epoch after a fit's first: where each compiled (`late`: the step and phase, from the compile counter read at every event) and what that place tells."
+    told = [c for c in late if not c['expected']]
+    where = '; '.join(f"{c['compiles']} at {c['where']}" + (f" ({c['why']}, shapes {c['shapes']})" if c['why'] else '') for c in told)
+    elsewhere = unexpected - sum(c['compiles'] for c in told)
+    if elsewhere > 0: where += ('; ' if where else '') + f"{elsewhere} outside the steps and phase ends (a callback's `before_epoch` or `after_epoch`)"
+    causes = {('new input shapes' if c['why'] == 'new input shapes' else 'same inputs') if c['part'] == 'step' else c['part'] for c in told}
+    return (f"{unexpected} graph{'s' if unexpected > 1 else ''} compiled in epoch {row['epoch']}, after the first, where the "
+            f"steps should reuse the first epoch's: {where}. " + ' '.join(LATE_COMPILE_ADVICE[c] for c in LATE_COMPILE_ADVICE if c in causes))
+
+# %% ../nbs/07_diagnostics.ipynb #ca50bc34
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
     run_valid = False
@@ -177,7 +204,8 @@ class XLADiagnostics(Callback):
     def __init__(self, verbose:bool=False): self.verbose, self.epochs, self.warned, self.fits = verbose, [], set(), 0
 
     def before_fit(self):
-        self.seen, self.first_step, self.fit_epoch, self.fits = set(), None, 0, self.fits + 1
+        self.seen, self.first_steps, self.fit_epoch, self.fits = set(), {}, 0, self.fits + 1
+        self.compiled = learner_backend(self.learn).counters.compiles      # (read at every event after the first epoch)
         self.phases = set()    # the optimizer's step phases seen (`step_phase`: ranger's steps trace three graphs)
         self.fit_kind = 'lr_find' if finding_lr(self.learn) else 'fit' if getattr(self.learn, '_xla_in_fit', False) else 'validate'
         for stale in [cb for cb in self.learn.cbs if type(cb).__name__ == 'DeviceReadProbe']: self.learn.remove_cb(stale)   # (a failed fit's)
@@ -185,22 +213,48 @@ class XLADiagnostics(Callback):
         if self.probe is not None: self.learn.add_cb(self.probe)        # (it leaves after its steps)
     def before_epoch(self):
         self.c0, self.f0, self.batches = xla_counters(), fallback_counts(), {True: 0, False: 0}
-        self.new_shapes, self.expected = 0, 0
+        self.expected, self.late = 0, []
+        self.mark = self.compiled() if self.fit_epoch > 0 and self.fit_kind == 'fit' else None
         self.clock0 = epoch_clock(self.learn)
     def before_batch(self):
-        key = (self.training, _shapes(self.learn.xb))              # one graph per phase and input shapes
-        if self.training and self.first_step is None: self.first_step = key   # a graph of its own: no optimizer state yet
+        self._compiled_at('before', 'between steps: the loader or a callback\'s `before_batch`')
+        kind = step_kind(self.learn)
+        shapes = _shapes(self.learn.xb)
+        padded = getattr(getattr(self.learn, 'padding', None), 'rows', None)    # (`PaddingCallback` cuts the rows after the model)
+        if padded is not None: shapes += (f'{padded} real rows',)
+        key = (self.training, shapes, kind)                        # one graph per phase, input shapes and kind of step
+        self.step = dict(phase='training' if self.training else 'validation', step=self.iter, of=len(self.dl), kind=kind,
+                         shapes=shapes, why=None)
+        if self.training and kind not in self.first_steps:
+            self.first_steps[kind] = key                           # a graph of its own: no optimizer state yet
+            self.step['why'] = f"the first {kind or 'training'} step of the fit (its optimizer's state begins)"
         elif key not in self.seen:
             self.seen.add(key)
-            if self.fit_epoch > 0:
-                if key == self.first_step: self.expected += 1      # the first step's shapes, their usual graph
-                else: self.new_shapes += 1
+            if key == self.first_steps.get(kind):
+                self.step['why'] = f"the first usual {kind or 'training'} step of the fit (the first had a graph of its own)"
+            else: self.step['why'] = 'new input shapes'
         if self.training and getattr(self.learn, 'opt', None) is not None:
             phase = step_phase(self.learn.opt)
             if phase not in self.phases:
-                if self.phases and self.fit_epoch > 0: self.expected += 1   # the optimizer's own next graph
+                if self.phases: self.step['why'] = f"the optimizer's next phase {dict(phase)}"   # (its own next graph)
                 self.phases.add(phase)
         self.batches[self.training] += 1
+
+    def after_batch(self):
+        where = f"{self.step['phase']} step {self.step['step']} of {self.step['of']}" + (f" ({self.step['kind']})" if self.step['kind'] else '')
+        self._compiled_at('step', where, **self.step)
+    def after_train(self): self._compiled_at('end', 'the end of training (a callback\'s or metric\'s `after_train`)')
+    def after_validate(self): self._compiled_at('end', 'the end of validation (the metrics\' values, a callback\'s `after_validate`)')
+
+    def _compiled_at(self, part, where, why=None, shapes=None, **step):
+        "After the first epoch of a fit: what compiled since the last event (`where`, `why` the step's graph may be new) into `late`."
+        if self.mark is None: return
+        n = self.compiled()
+        if n > self.mark:
+            expected = why is not None and why != 'new input shapes'
+            self.late.append(dict(part=part, where=where, why=why, shapes=shapes, compiles=n - self.mark, expected=expected))
+            if expected: self.expected += n - self.mark
+        self.mark = n
 
     def after_fit(self):
         self.after_epoch()                     # an epoch a cancel cut short (`lr_find` stops that way): recorded too
@@ -220,16 +274,9 @@ class XLADiagnostics(Callback):
         self.fit_epoch += 1
 
     def _check(self, row):
+        if self.late: row['late_compiles'] = self.late
         if self.fit_epoch > 0 and row['compiles'] > self.expected:
-            if self.new_shapes:
-                self._warn('shapes', f"{row['compiles']} graphs compiled in epoch {row['epoch']}, after the first, and "
-                           f"{self.new_shapes} new input shapes appeared: batches change shape (a ragged last batch, variable-size "
-                           "inputs, a callback slicing the batch). Give every batch one shape: XLADataLoader drops or pads the "
-                           "tail; pad variable-size inputs to a few fixed sizes.")
-            else:
-                self._warn('recompile', f"{row['compiles']} graphs compiled in epoch {row['epoch']}, after the first, with the "
-                           "same input shapes: a Python number that changes each step is baked into the graph, or the graph is "
-                           "cut at a different place each step (a device value read mid-step). Pass changing numbers as tensors.")
+            self._warn('late compile', late_compile_message(row, self.late, row['compiles'] - self.expected))
         # (gloo replicas: each collective crosses through the host, a device read per gradient all-reduce by design)
         run = self.learn.xla_run
         if row['to_host'] > max(16, row['batches'] // 2) and not (run.collectives.name == 'gloo' and run.count > 1):
@@ -279,9 +326,10 @@ class XLADiagnostics(Callback):
     @staticmethod
     def format_row(r):
         falls = ', '.join(r['fallbacks']) or '-'
+        where = '; '.join(f"{c['compiles']} at {c['where']}" for c in r.get('late_compiles', []))
         return (f"epoch {r['epoch']:>3}: {r['train_batches']:>5} training + {r['valid_batches']:>4} validation batches, "
-                f"{r['compiles']:>3} compilations, {r['executions']:>5} executions, {r['to_host']:>4} to host, "
-                f"{r['to_device']:>5} to device, CPU fallbacks: {falls}")
+                f"{r['compiles']:>3} compilations{f' ({where})' if where else ''}, {r['executions']:>5} executions, "
+                f"{r['to_host']:>4} to host, {r['to_device']:>5} to device, CPU fallbacks: {falls}")
 
 def add_diagnostics(learn):
     "Give an XLA learner its `XLADiagnostics` (once; `detach_xla` takes it away)."

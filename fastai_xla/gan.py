@@ -13,7 +13,7 @@ import torch
 # %% auto #0
 __all__ = ['GANTrainerOnXLA']
 
-# %% ../nbs/14_gan.ipynb #b00262bf
+# %% ../nbs/14_gan.ipynb #48c87e9f
 class GANTrainerOnXLA(XLAVersion):
     "fastai's `GANTrainer` keeping its smoothed losses and last generated batch on the device, read once per training phase."
     _xla_attrs = ('gen_loss_fastai', 'crit_loss_fastai')
@@ -24,17 +24,25 @@ class GANTrainerOnXLA(XLAVersion):
                 self.__dict__[a] = DeviceSmoothLoss(beta=getattr(self, a).beta)
         super().before_fit()
 
+    @property
+    def xla_step_kind(self):
+        "The generator's and the critic's steps are different graphs: `XLADiagnostics` tells them apart by this."
+        return 'generator' if self.gen_mode else 'critic'
+
+    def before_train(self): self.on_device = []       # (the places in the loss lists whose values are still on the device)
+
     def after_batch(self):
         if not self.training: return
         smooth, losses = (self.gen_loss, self.gen_losses) if self.gen_mode else (self.crit_loss, self.crit_losses)
         smooth.accumulate(self.learn)
         losses.append(smooth.value)
+        self.on_device.append((losses, len(losses) - 1))
         if self.gen_mode: self.last_gen = self.pred.detach()
 
     def after_train(self):
         "The phase's losses and the last generated batch to the host, in one transfer."
-        todo = [(l, i) for l in (self.gen_losses, self.crit_losses) for i in range(len(l)) if l[i].device.type != 'cpu']
-        fetch_to_host(todo + [(self, 'last_gen')])
+        fetch_to_host(self.on_device + [(self, 'last_gen')])
+        self.on_device = []
 
     def after_fit(self):
         for a in ('gen_loss', 'crit_loss'):

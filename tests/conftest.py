@@ -26,7 +26,7 @@ ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed pack
     'test_learner_scope.py': ['test_import_replaces_nothing_but_the_pickling_patches', 'test_a_bad_environment_variable_is_named'],  # what importing fastai_xla replaces (nothing)
     # (test_packaging.py runs on the development stack only: each image's set-up installs fastai_xla with the README's
     # command on that image's Python, scripts/env.sh's image_install; the sdist, wheel and editable install are the same files)
-    'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1',
+    'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own', 'test_accum_metrics_are_exact', 'test_save_load_then_fit'],  # learning, the optimizer, compiles
     'test_launch.py': ['test_script_form_with_xmp_spawn', 'test_a_launch_after_an_eager_fit_trains',
         'test_every_stateful_fastai_optimizer_saves_cpu_tensors'],  # xmp.spawn, spawn and the fork server, pickling
@@ -104,7 +104,7 @@ SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer,
 NATIVE_FILES = ['test_single_device.py', 'test_replicas.py', 'test_checkpoint.py', 'test_launch.py', 'test_applications.py',
                 'test_readme.py', 'test_preemption.py', 'test_text.py']
 TORCH_XLA_ONLY = {
-    'test_single_device.py': ['test_fastai_schedules_compile_in_the_first_epoch_only', 'test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1',
+    'test_single_device.py': ['test_fastai_schedules_compile_in_the_first_epoch_only', 'test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1',
         'test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches', 'test_no_hyper_parameter_value_compiles_late',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own'],
     'test_launch.py': ['test_launch_refuses_when_the_runtime_is_already_running'],

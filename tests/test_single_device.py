@@ -23,12 +23,13 @@ def test_tabular_with_embeddings_matches_eager_cpu():
     assert acc_xla > 0.9, acc_xla
     assert abs(acc_xla - acc_cpu) <= 0.02, (acc_cpu, acc_xla)
 
-def test_fit_5_compiles_at_most_4_graphs_and_none_after_epoch_1():
+def test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1():
     counts = EpochCounters()
     learn = digits_learner(cbs=counts).to_xla(seed=0)
     learn.fit(5, 1e-2)
     compiles = [e['compiles'] for e in counts.epochs]
-    assert sum(compiles) <= 4, compiles
+    # the first training step, the usual one, a full validation batch, the padded last one's forward and its cut to real rows
+    assert sum(compiles) <= 5, compiles
     assert compiles[1:] == [0, 0, 0, 0], compiles
 
 class FitCounters(Callback):

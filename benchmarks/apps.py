@@ -25,7 +25,7 @@ thread, the loaders' workers aside: they are other processes) on eager CPU and o
 machine's: the CPU XLA device runs convolutions much slower than PyTorch's CPU kernels, so the time ratio says
 nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure).
 `resnet18` is fastai's architecture with random weights (`pretrained=False`: this machine has no internet)."""
-import argparse, statistics, sys, time, warnings
+import argparse, statistics, time, warnings
 from pathlib import Path
 warnings.filterwarnings('ignore')
 from fastai.vision.all import *

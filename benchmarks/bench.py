@@ -128,7 +128,7 @@ def _fastai_learner(model_name, bs=64, defaults=False):
     from functools import partial
     from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, accuracy, OptimWrapper
     from fastai.data.load import DataLoader
-    import fastai.callback.progress  # Learner.no_bar
+    import fastai.callback.progress  # noqa: F401 (Learner.no_bar)
     if model_name == 'mlp':
         Xt, yt, Xv, yv = digits_tensors()
         dls = DataLoaders(DataLoader(list(zip(Xt, yt)), bs=bs, shuffle=True, drop_last=True),

@@ -18,7 +18,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         table = Path(d)/'faults.jsonl'
         env = {**os.environ, 'FASTAI_XLA_FAULT_TABLE': str(table), 'PJRT_DEVICE': os.environ.get('PJRT_DEVICE', 'CPU')}
-        r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *TESTS], cwd=ROOT, env=env)
+        subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *TESTS], cwd=ROOT, env=env)
         rows = [json.loads(l) for l in table.read_text().splitlines()] if table.exists() else []
     print('| fault | what the user sees | seconds | what is lost |')
     print('|---|---|---|---|')

@@ -42,7 +42,7 @@ def main():
     rows = json.loads([l for l in cost.stdout.splitlines() if l.startswith('RESULT ')][-1][7:])
     print('| live device tensors | ms per step (a 64x64 multiply and a step marker) |\n|---|---|')
     for n, ms in rows: print(f'| {n} | {ms:.3f} |')
-    print(f'\n| run | steps | epoch s, epochs 2-4 | epoch s, last 3 | late / early |\n|---|---|---|---|---|')
+    print('\n| run | steps | epoch s, epochs 2-4 | epoch s, last 3 | late / early |\n|---|---|---|---|---|')
     for kind in ('reference', 'fastai_xla'):
         out = subprocess.run([sys.executable, __file__, '--child', kind, '--epochs', str(a.epochs), '--bs', str(a.bs)],
                              capture_output=True, text=True, env=env)

@@ -8,7 +8,7 @@ after it, device-to-host reads per epoch, final accuracy of each.
 
     PJRT_DEVICE=CPU python benchmarks/text.py [--epochs 4] [--out /tmp]
 """
-import argparse, statistics, sys, time, warnings
+import argparse, statistics, time, warnings
 from pathlib import Path
 warnings.filterwarnings('ignore')
 import pandas as pd

@@ -16,7 +16,7 @@ def main():
     a = p.parse_args()
     device = xla_device()
     print(f'fastai_xla: training on {device} ({device_kind()}), {replica_count()} replica(s)')
-    from fastai.vision.all import vision_learner, resnet18, accuracy, Resize
+    from fastai.vision.all import vision_learner, resnet18, accuracy
     dls = digits_dls(bs=a.bs)
     learn = vision_learner(dls, resnet18, pretrained=False, n_in=1, metrics=accuracy).to_tpu_distributed()
     before = xla_counters()

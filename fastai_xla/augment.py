@@ -6,14 +6,12 @@
 from __future__ import annotations
 import math
 import torch, torch.nn.functional as F
-from fastcore.basics import patch
-import fastai.vision.augment as fastai_augment
 from fastai.vision.augment import RandTransform, AffineCoordTfm, SpaceTfm, RandomResizedCropGPU, find_coeffs
 from fastai.torch_core import TensorImage, TensorMask
 from .core import *
 from .compat import warp_coord_class
 from fastai.callback.mixup import CutMix
-from .data import register_device_tfm, device_version
+from .data import register_device_tfm
 
 # %% auto #0
 __all__ = ['source_coords', 'pixels_at', 'gather_grid_sample', 'area_matrix', 'area_resize', 'grid_sample_on_xla',

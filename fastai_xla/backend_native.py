@@ -4,7 +4,6 @@
 
 # %% ../nbs/00e_backend_native.ipynb #d63fc5b9
 from __future__ import annotations
-import os
 import torch
 from .backend import *
 from .settings import Settings, current_settings

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00d_backend_xla.ipynb #51ef0ec8
 from __future__ import annotations
-import os, sys, glob, pickle, importlib, importlib.metadata, importlib.util, warnings
+import os, sys, pickle, importlib, importlib.metadata, importlib.util, warnings
 import torch
 from .backend import *
 from .settings import Settings
@@ -78,7 +78,7 @@ def import_torch_xla():
     if 'torch_xla' not in sys.modules or not getattr(import_torch_xla, 'checked', False):
         check_torch_xla()
         choose_pjrt_device()
-        import torch_xla
+        import torch_xla  # noqa: F401 (its import starts the runtime)
         import_torch_xla.checked = True
     return sys.modules['torch_xla']
 

@@ -5,13 +5,13 @@
 # %% ../nbs/03_callback.ipynb #f9823eb4
 from __future__ import annotations
 from collections import defaultdict
-import copy as copylib, traceback, importlib
+import copy as copylib, traceback
 from contextlib import contextmanager
 import torch
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from fastcore.foundation import L
-from fastai.learner import Learner, CancelBatchException, CastToTensor, AvgSmoothLoss
+from fastai.learner import Learner, CancelBatchException, CastToTensor
 from fastai.callback.core import Callback, TrainEvalCallback, event
 from fastai.callback.schedule import LRFinder
 from fastai.callback.progress import ProgressCallback, ShowGraphCallback, CSVLogger

@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_check.ipynb #2809ad2b
 from __future__ import annotations
-import os, sys, json, time, socket, argparse, platform, subprocess, tempfile, traceback, importlib.metadata
+import os, sys, json, time, argparse, platform, subprocess, tempfile, importlib.metadata
 from pathlib import Path
 
 # %% auto #0
@@ -42,7 +42,7 @@ class Checks:
         return ok
 
 def _learner(path):
-    import fastai_xla.all                                  # (to_tpu_distributed, launch, to_tpu_spmd...)
+    import fastai_xla.all  # noqa: F401 (its methods on Learner: to_tpu_distributed, launch, to_tpu_spmd...)
     from fastai.basics import Learner, nn, accuracy, CrossEntropyLossFlat, set_seed, Flatten
     from fastai.vision.augment import aug_transforms
     from fastai.data.transforms import IntToFloatTensor, Normalize
@@ -195,7 +195,7 @@ def _run_worker(kind, out_dir, env, timeout):
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         code, tail = r.returncode, (r.stdout[-1500:] + r.stderr[-3000:])
-    except subprocess.TimeoutExpired as e: code, tail = None, f'no end after {timeout} s'
+    except subprocess.TimeoutExpired: code, tail = None, f'no end after {timeout} s'
     return code, tail, round(time.time() - t, 1)
 
 def _collect(kind, out_dir, code, tail, seconds) -> list:

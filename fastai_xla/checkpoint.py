@@ -7,13 +7,11 @@ from __future__ import annotations
 import errno, glob, os, json, pickle, shutil, socket, time, threading, copy as copylib
 import numpy as np
 from fastcore.foundation import L
-from contextlib import contextmanager
 import cloudpickle
 from pathlib import Path
 import torch, torch.nn as nn
 from fastcore.basics import patch
-from fastai.callback.core import Callback
-from fastai.learner import Learner, join_path_file, get_model, AvgSmoothLoss
+from fastai.learner import join_path_file, get_model
 from .core import *
 from .run import *
 from .dist import pid_alive

@@ -5,7 +5,6 @@
 # %% ../nbs/00a_compat.ipynb #25c6e862
 from __future__ import annotations
 from types import SimpleNamespace
-import torch
 from fastai.data.load import DataLoader, _FakeLoader
 
 # %% auto #0

@@ -7,8 +7,7 @@ from __future__ import annotations
 import copy as copylib, math, multiprocessing, os, queue, random, sys, threading, time
 from contextlib import contextmanager
 import torch
-from fastcore.basics import GetAttr, store_attr, first
-from fastcore.foundation import L
+from fastcore.basics import GetAttr, store_attr
 from fasttransform import Pipeline
 from fastai.torch_core import to_detach, find_bs
 from fastai.data.transforms import IntToFloatTensor, Normalize

@@ -76,7 +76,6 @@ def digits_segmentation_folder(path='digits_seg', size:int=32, classes:str='ink'
     "Digits as images `path/images/<n>.png` and masks `path/labels/<n>.png` (0 background; 1, or the digit + 1, on the stroke)."
     if classes not in ('ink', 'digit'): raise ValueError(f"classes must be 'ink' or 'digit', not {classes!r}")
     def write(tmp):
-        from PIL import Image
         X, y = digits_arrays()
         (tmp/'images').mkdir(); (tmp/'labels').mkdir()
         for i, (img, label) in enumerate(zip(X, y)):

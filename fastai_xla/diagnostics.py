@@ -15,7 +15,6 @@ from .backend import backend_named
 from .settings import current_backend, current_settings
 from .core import *
 from .optimizer import step_phase
-from .run import replica_ordinal
 from .callback import finding_lr, on_xla_learner
 
 # %% auto #0

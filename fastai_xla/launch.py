@@ -9,14 +9,13 @@ from contextlib import contextmanager
 from pathlib import Path
 import torch, cloudpickle
 from fastcore.basics import patch
-from fastcore.foundation import L
 from fastai.learner import Learner
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 from .compat import *
 from .backend import backend_named
-from .settings import current_settings, this_thread
-from .dist import ReplicaProcesses, ReplicasFailed, check_nprocs_arg, stop_processes, pid_alive, PREEMPTED_STATUS, INTERRUPTED_STATUS
+from .settings import current_settings
+from .dist import check_nprocs_arg, pid_alive, INTERRUPTED_STATUS
 from .core import *
 from .data import check_loaders
 from .run import *

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import math
 import torch
-from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.learner import AvgMetric, AvgLoss, AvgSmoothLoss
 from fastai.callback.core import Callback, TrainEvalCallback, GatherPredsCallback

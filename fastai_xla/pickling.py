@@ -4,7 +4,6 @@
 
 # %% ../nbs/01_pickling.ipynb #3445a3ea
 from __future__ import annotations
-import torch
 from fastcore.basics import patch
 from fastai.torch_core import TensorBase
 from fastai.optimizer import Optimizer

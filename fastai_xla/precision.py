@@ -5,8 +5,6 @@
 # %% ../nbs/06_precision.ipynb #86efb242
 from __future__ import annotations
 import torch
-from fastcore.basics import patch
-from fastai.learner import Learner
 from fastai.callback.fp16 import MixedPrecision, AMPMode
 from .core import *
 from .callback import *

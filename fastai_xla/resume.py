@@ -5,13 +5,12 @@
 # %% ../nbs/05a_resume.ipynb #d2b03f0e
 from __future__ import annotations
 import io, os, sys, time, signal, threading, random, warnings
-from pathlib import Path
 import numpy as np
 import torch
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.callback.core import Callback
-from fastai.learner import Learner, join_path_file
+from fastai.learner import Learner
 from .core import *
 from .dist import process_signals
 from .callback import *

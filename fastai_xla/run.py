@@ -4,8 +4,7 @@
 
 # %% ../nbs/00b_run.ipynb #e2737745
 from __future__ import annotations
-import os, sys, time, uuid, random, socket, atexit, secrets, datetime, threading, traceback, multiprocessing
-import torch
+import os, sys, time, uuid, random, socket, atexit, secrets, threading, traceback, multiprocessing
 import torch.distributed as dist
 from fastcore.basics import patch
 from .backend import *

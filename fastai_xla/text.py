@@ -6,7 +6,6 @@
 from __future__ import annotations
 import torch, torch.nn as nn, torch.nn.functional as F
 from contextlib import contextmanager
-from fastcore.basics import patch
 from fastai.text.models.core import SentenceEncoder, PoolingLinearClassifier
 from fastai.text.models.awdlstm import AWD_LSTM
 from fastai.text.data import LMDataLoader, Pad_Chunk, SortedDL, TensorText, pad_chunk
@@ -14,7 +13,7 @@ from .compat import *
 from .core import *
 from .settings import current_backend
 from .callback import on_xla_learner
-from .data import XLADataLoader, register_batch_shaper, register_replica_source, shard_idxs
+from .data import register_batch_shaper, register_replica_source, shard_idxs
 
 # %% auto #0
 __all__ = ['scan_lstms', 'lm_stream_tokens', 'PoolingClassifierOnXLA', 'lstm_step', 'lstm_grad_step', 'LSTMLoop', 'lstm_loop',

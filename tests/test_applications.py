@@ -9,9 +9,8 @@ Small models stand in for fastai's pretrained ones (`resnet18` weights are a dow
 compiles for a minute on the CPU device): `benchmarks/apps.py` runs `vision_learner(resnet18)` and
 `unet_learner(resnet18)`. Not covered here: a TPU (speed, torch_xla's own collectives)."""
 import warnings
-import pytest
 from helpers import *
-from fastai.vision.all import ImageDataLoaders, aug_transforms, Dice, DiceMulti
+from fastai.vision.all import ImageDataLoaders, aug_transforms, DiceMulti
 from fastai.collab import CollabDataLoaders, collab_learner
 from fastai_xla.demo import digits_folder, digits_ratings_frame
 

@@ -4,7 +4,6 @@ process trains on one backend). They must learn alike: the same epochs, losses a
 differences between XLA's compiled graphs and eager kernels. Not covered: TorchTPU's `tpu` device (no chip here)."""
 import os, sys, json, subprocess
 from pathlib import Path
-import pytest
 
 SCRIPT = """
 import sys, json; sys.path.insert(0, {tests!r})

@@ -11,9 +11,9 @@ import os, re, signal, subprocess, sys, textwrap, time
 from pathlib import Path
 import pytest
 from helpers import *
-from test_device import site_without_torch_xla, ROOT
+from test_device import site_without_torch_xla, ROOT  # noqa: F401 (a fixture: the tests below take it by name)
 
-def test_export_opens_where_torch_xla_is_not_installed(tmp_path, site_without_torch_xla):
+def test_export_opens_where_torch_xla_is_not_installed(tmp_path, site_without_torch_xla):  # noqa: F811
     learn = digits_learner(path=tmp_path).to_xla(seed=0)
     learn.fit(2, 1e-2)
     learn.export('model.pkl')

@@ -28,7 +28,7 @@ def test_user_choice_of_pjrt_device_is_kept():
 @pytest.fixture
 def site_without_torch_xla(tmp_path):
     "A site-packages with everything installed here except torch_xla (symlinks)."
-    import torch, sysconfig
+    import torch
     site = Path(torch.__file__).parent.parent
     out = tmp_path/'site'; out.mkdir()
     for p in site.iterdir():

@@ -4,9 +4,9 @@ does on eager CPU: it runs, it learns, it reads the device a few times per epoch
 after the first epoch. With 2 real replicas (gloo): callbacks that draw or write the master's view (`ShowGraphCallback`,
 `CSVLogger`) and the diagnostics' warnings on the master only, fastai's `rank0_first` and `distrib_ctx` in a script.
 Not covered: fastai's `fastai.distributed` itself (it needs HF accelerate and CUDA processes)."""
-import os, subprocess, sys, textwrap, time, warnings
+import os, subprocess, sys, warnings
 from pathlib import Path
-import pytest, torch
+import pytest
 from helpers import *
 from fastai.callback.mixup import MixUp, CutMix
 from fastai.losses import LabelSmoothingCrossEntropyFlat
@@ -59,7 +59,6 @@ def test_channels_last_and_fp16_are_refused_with_what_to_call():
     assert final(learn, 'accuracy') > 0.5
 
 def draw_and_log(learn, out_dir):
-    import warnings
     learn.path = Path(out_dir, f'replica{replica_ordinal()}')
     learn.path.mkdir()
     learn.model.add_module('falls_back', FallsBack())                     # something that makes the diagnostics warn

@@ -6,7 +6,7 @@ that is set (`benchmarks/faults.py` collects them).
 
 Not covered: torch_xla's in-graph collectives (a replica stuck there only ends through the watchdog: the same code,
 but on a TPU), separate machines (a real network, a host's disk lost), a real preemption."""
-import json, os, re, signal, subprocess, sys, time
+import os, re, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from helpers import *

@@ -8,8 +8,7 @@ of a run never stopped.
 Not covered: separate machines (a real network between hosts, a host lost), torch_xla's multi-host runtime on a TPU pod
 (PJRT finds the hosts itself there; the processes here are told their place by the environment, as on TorchTPU or with
 gloo)."""
-import json, os, signal, subprocess, sys, time
-from pathlib import Path
+import json
 import pytest, torch
 from helpers import *
 from test_faults import start_replicas, wait_all
@@ -88,7 +87,7 @@ def test_each_host_writes_its_own_checkpoint_once(pod):
         models = whole/f'host{host}'/'models'
         assert (models/'run.pth').exists() and not list(models.glob('.*.tmp'))
         marker = json.loads((models/'.run.pth.saves').read_text())
-        run_id, saves = marker['run'], marker['count']
+        saves = marker['count']
         assert saves == 3                                         # one write per epoch on this host, by its local master
 
 def test_metrics_equal_one_devices(pod):

@@ -7,7 +7,7 @@ run twice as a user would rerun it; two replica processes over gloo (`learn.laun
 only, so the stop is agreed by the replicas' vote; a run killed with SIGKILL while it writes its checkpoint (the
 previous one stays whole). Not covered: a real preemption (a TPU VM's ACPI shutdown, which signals every process),
 torch_xla's in-graph collectives (a TPU), replicas on several machines."""
-import os, re, signal, subprocess, sys, textwrap, threading, time
+import os, re, signal, subprocess, sys, threading, time
 from pathlib import Path
 import pytest, torch
 from helpers import *

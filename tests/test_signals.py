@@ -7,7 +7,6 @@ interrupt then SIGKILL, `Preempted` out of `launch`. Not covered: `xmp.spawn`'s 
 this machine's CPU device runs with one process only), signals sent by a real machine's shutdown (sent here by `os.kill`)."""
 import json, os, re, subprocess, sys, textwrap
 from pathlib import Path
-import pytest
 from helpers import fault_row
 
 TESTS = Path(__file__).parent

@@ -5,7 +5,7 @@ What runs for real here: torch_xla's SPMD partitioner over 8 CPU devices, the ba
 transfer, the compiler-inserted gradient reduction (and, with `shard_params`, its all-gathers
 and reduce-scatters), fastai's loop, metrics, save/load and export. What does not: TPU
 hardware, and multi-host SPMD (one process per host of a pod), which needs several hosts."""
-import json, os, subprocess, sys, textwrap
+import json, os, subprocess, sys
 import pytest
 
 WORKER = '''

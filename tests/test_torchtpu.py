@@ -29,8 +29,8 @@ learn = Learner(dls, nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 1
 # engine, seen with fastai's own fit; TorchTPU's device guard is the likely cause)
 
 def test_google_torchtpu_is_recognised_and_the_package_imports():
-    import torch, fastai
-    from fastai_xla.distributed import to_tpu_distributed
+    import torch, fastai  # noqa: F401 (that they import is the test)
+    from fastai_xla.distributed import to_tpu_distributed  # noqa: F401
     from fastai_xla.backend import google_torch_tpu, tpu_pci_devices
     assert google_torch_tpu() == '0.2.0'
     assert torch.__version__.startswith('2.13') and not tpu_pci_devices()             # this machine has no chip

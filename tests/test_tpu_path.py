@@ -13,7 +13,7 @@
    cannot run between CPU threads (they deadlock, README): these threads talk through gloo.
 3. Eight replicas, the count of a v3-8 or v5e-8, on this 2-core machine: `learn.launch(nprocs=8)` and a script's `spawn` (with `--all`).
 """
-import json, os, re, subprocess, sys, textwrap, time
+import json, os, subprocess, sys, textwrap, time
 from pathlib import Path
 import pytest
 from helpers import *

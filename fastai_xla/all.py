@@ -16,6 +16,4 @@ from .precision import *
 from .diagnostics import *
 from .spmd import *
 from .metrics import *
-from .text import *
-from .augment import *
 from .models import *

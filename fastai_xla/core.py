@@ -192,11 +192,12 @@ class VersionTable:
 module_versions, callback_versions, metric_versions, transform_versions = (
     VersionTable('modules'), VersionTable('callbacks'), VersionTable('metrics'), VersionTable('batch transforms'))
 
-# %% ../nbs/00_core.ipynb #d84f5628
+# %% ../nbs/00_core.ipynb #251840c7
 XLA_FEATURES = ('fastai_xla.metrics', 'fastai_xla.checkpoint', 'fastai_xla.resume', 'fastai_xla.precision',
-                'fastai_xla.diagnostics', 'fastai_xla.models', 'fastai_xla.augment', 'fastai_xla.text')
+                'fastai_xla.diagnostics', 'fastai_xla.models')
 
-XLA_FEATURES_OF = {'fastai.vision.gan': 'fastai_xla.gan'}   # fastai's module -> the feature loaded once it is
+# fastai's module -> the feature loaded once it is
+XLA_FEATURES_OF = {'fastai.vision.augment': 'fastai_xla.augment', 'fastai.text.data': 'fastai_xla.text', 'fastai.vision.gan': 'fastai_xla.gan'}
 
 def load_features():
     "Load every feature of an XLA learner (`XLA_FEATURES`, and those of `XLA_FEATURES_OF` whose fastai module is loaded): each fills the version tables and learner hooks it provides, once."

@@ -193,7 +193,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #1c14b7bb
+# %% ../nbs/00c_dist.ipynb #9967c626
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -306,8 +306,10 @@ def _same_interpreter_env() -> dict:
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def _fork_server_preload(runtime_modules=()) -> list:
-    "What a new fork server imports before it forks: fastai_xla, the fastai applications this process imported, the runtime's modules."
-    return ['fastai_xla.all', *(m for m in _PRELOADED_IF_IMPORTED if m in sys.modules), *runtime_modules]
+    "What a new fork server imports before it forks: the modules of this package this process imported (those a replica's learner and features need, no others), the fastai applications it imported, the runtime's modules."
+    package = Settings.__module__.split('.')[0]        # (fastai_xla, read from a class of ours: the same in a notebook's kernel)
+    ours = sorted(m for m in sys.modules if m.startswith(package + '.') and not m.endswith('.__main__'))
+    return [*ours, *(m for m in _PRELOADED_IF_IMPORTED if m in sys.modules), *runtime_modules]
 
 def _message(sock, fds:int=0):
     "The next message on `sock` (and the descriptors it carries, when `fds`), or None when the other end is gone."

@@ -101,7 +101,8 @@ def cpu_run():
 
 cpu_run()                                  # (warms fastai's and Python's caches)
 before = cpu_run()
-from fastai_xla.all import XLALearner, LSTMLoopsOnXLA
+from fastai_xla.all import XLALearner
+from fastai_xla.text import LSTMLoopsOnXLA
 xla = learner().to_xla(seed=0)
 with xla.no_bar(): xla.fit(1, 1e-2)
 assert isinstance(xla, XLALearner) and isinstance(xla.model.lstm, LSTMLoopsOnXLA)

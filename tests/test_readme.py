@@ -51,3 +51,7 @@ def test_the_images_install_command_is_the_one_env_sh_runs():
     assert f"pip\" list --format=freeze | grep -iE '{lines.group(2)}' > \"$1/keep.txt\"" in env
     assert 'pip" install "${PIP_QUIET[@]}" -c "$1/keep.txt" "$2"' in env
     assert re.search(r'colab-kaggle\) image_env colab 3\.13 [^\n]*; image_env kaggle 3\.12', env)   # (what scripts/test.sh makes)
+
+def test_the_readme_is_read_in_one_sitting():
+    "At most 200 lines: the detail of the measurements is in benchmarks/README.md and the guide, which it links."
+    assert len(README.read_text().splitlines()) <= 200, len(README.read_text().splitlines())

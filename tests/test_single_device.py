@@ -230,3 +230,26 @@ def test_fastai_adam_grouped_on_xla_steps_as_fastais_own():
     for a, b in zip(learners[True].model.parameters(), learners[False].model.parameters()):
         assert torch.allclose(to_host(a.detach()), to_host(b.detach()), atol=1e-4, rtol=1e-3)
     assert traced[True] < 0.8 * traced[False], traced   # an epoch's training and validation, all traced operations
+
+TABULAR_USER = '''
+import sys
+from sklearn.datasets import load_digits
+from fastai.tabular.all import *
+from fastai_xla.all import *
+X, y = load_digits(return_X_y=True)
+df = pd.DataFrame(X, columns=[f'p{i}' for i in range(64)]); df['digit'] = y
+dls = TabularDataLoaders.from_df(df, y_names='digit', cont_names=list(df.columns[:64]), procs=[Normalize], y_block=CategoryBlock(), bs=64)
+learn = tabular_learner(dls, layers=[50], metrics=accuracy).to_xla()
+with learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-2)
+print(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules if m.split('.')[:2] in (['fastai', 'text'], ['fastai', 'vision'])}))
+print(learn.recorder.values[-1][-1])
+'''
+
+def test_a_tabular_user_imports_neither_fastai_text_nor_vision():
+    "fastai_xla's features for text and images load when the user loads fastai's (`XLA_FEATURES_OF`), not for a tabular learner."
+    import subprocess, sys
+    r = subprocess.run([sys.executable, '-c', TABULAR_USER], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    modules, accuracy_ = r.stdout.strip().splitlines()[-2:]
+    assert modules == '[]', modules
+    assert float(accuracy_) > 0.8, accuracy_

@@ -14,8 +14,8 @@ from .settings import *
 # %% auto #0
 __all__ = ['interrupted', 'process_signals', 'PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'joining_error', 'is_loopback',
            'listening_socket', 'meeting_store', 'private_prefix', 'check_exposure', 'gloo_options', 'DistCollectives',
-           'check_nprocs_arg', 'pid_alive', 'free_port', 'watch_parent', 'reset_signals', 'SignalNotice', 'ForkServer',
-           'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+           'check_nprocs_arg', 'pid_alive', 'free_port', 'watch_parent', 'reset_signals', 'named_signals',
+           'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
 
 # %% ../nbs/00c_dist.ipynb #6a58f103
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -105,7 +105,7 @@ def gloo_options(master_addr:str|None, timeout):
                      else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
-# %% ../nbs/00c_dist.ipynb #f00fbc2e
+# %% ../nbs/00c_dist.ipynb #d3b37244
 class DistCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -172,8 +172,9 @@ class DistCollectives(Collectives):
         return pickle.loads(buf.numpy().tobytes())
     def barrier(self, tag='barrier'): self.group().barrier().wait()
 
-def check_nprocs_arg(nprocs):
-    "`nprocs` if it is None (one replica per device) or a whole number of at least 1, else an error saying what to pass."
+def check_nprocs_arg(nprocs, transport:str|None=None):
+    "`nprocs` if it is None (one replica per device; not with `transport='gloo'`) or a whole number of at least 1, else an error saying what to pass."
+    if nprocs is None and transport == 'gloo': raise ValueError("transport='gloo' needs nprocs, the number of replica processes")
     if nprocs is None: return None
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"nprocs must be a whole number of at least 1 (the replica processes to start), or None (one per device), "
@@ -193,7 +194,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #9967c626
+# %% ../nbs/00c_dist.ipynb #9cb5e553
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -265,12 +266,16 @@ def _replica_main(settings_env:dict, threads:int, job:str):
     # and lose a good result. Nothing is left to tear down that matters: leave at once, with the replicas' status.
     os._exit(next((c for c in statuses if c), 0))
 
+def named_signals(signals) -> tuple:
+    "`signals` (names such as `'SIGTERM'`, or numbers) as `signal.Signals`."
+    return tuple(signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals)
+
 class SignalNotice:
     "Signals this process's main thread received, for its replica threads (only a process's main thread gets signals): a launcher of replica threads installs it."
     def __init__(self): self.got, self.signals = {}, ()
     def install(self, signals=('SIGTERM',)):
         "In the main thread: note `signals` when they come, instead of their default action."
-        self.signals = tuple(signal.Signals[s] if isinstance(s, str) else signal.Signals(s) for s in signals)
+        self.signals = named_signals(signals)
         for s in self.signals: signal.signal(s, self._note)
     def _note(self, signum, frame): self.got.setdefault(signal.Signals(signum), time.monotonic())
     def watches(self, sig) -> bool: "Is `sig` noted for the replica threads?"; return sig in self.signals

@@ -246,7 +246,7 @@ print(learn.recorder.values[-1][-1])
 '''
 
 def test_a_tabular_user_imports_neither_fastai_text_nor_vision():
-    "fastai_xla's features for text and images load when the user loads fastai's (`XLA_FEATURES_OF`), not for a tabular learner."
+    "fastai_xla's features for text and images load when the user loads fastai's (`application_features`, 04_distributed), not for a tabular learner."
     import subprocess, sys
     r = subprocess.run([sys.executable, '-c', TABULAR_USER], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

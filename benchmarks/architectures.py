@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 warnings.filterwarnings('ignore')
 from fastai_xla.all import *
+from fastai_xla.core import move_to_device, map_tensors, plain_tensor
 from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
@@ -142,13 +143,13 @@ def measure(name, make, out, size, epochs):
     # before: fastai's model as it is, moved to the device
     try:
         plain = twin().to(dev)
-        (_, _), before = fallbacks(lambda: step_grads(learn, plain, to_xla(batch)))
+        (_, _), before = fallbacks(lambda: step_grads(learn, plain, move_to_device(batch)))
         before = f"{sum(before.values())} ({', '.join(sorted(before)) or '-'})"
     except Exception as e: before = f'fails ({type(e).__name__})'
     # one step against eager CPU, the model as the learner runs it on XLA
     (loss_c, grads_c) = step_grads(learn, cpu, batch)
     on_xla = model_on_xla(twin().to(dev))
-    (loss_x, grads_x), _ = fallbacks(lambda: step_grads(learn, on_xla, to_xla(batch)))
+    (loss_x, grads_x), _ = fallbacks(lambda: step_grads(learn, on_xla, move_to_device(batch)))
     loss_x, grads_x = to_host(loss_x), to_host(grads_x)
     # both against the same step in float64 on the CPU: float32's rounding grows with depth on either device
     as64 = lambda b: map_tensors(lambda t: t.double() if t.is_floating_point() else t, b)

@@ -14,6 +14,7 @@ warnings.filterwarnings('ignore')
 import pandas as pd
 from fastai.text.all import *
 from fastai_xla.all import *
+from fastai_xla.core import check_autograd
 from fastai_xla.demo import docstrings_csv
 
 SMALL = dict(emb_sz=64, n_hid=128, n_layers=2)

@@ -1,19 +1,26 @@
-"Everything a user needs: `from fastai_xla.all import *`."
-from .backend import *
-from .settings import *
-from .dist import *
-from .core import *
-from .run import *
-from .pickling import *
-from .data import *
-from .optimizer import *
-from .callback import *
-from .distributed import *
-from .launch import *
-from .checkpoint import *
-from .resume import *
-from .precision import *
-from .diagnostics import *
-from .spmd import *
-from .metrics import *
-from .models import *
+"""Everything a user calls: `from fastai_xla.all import *`.
+
+Importing it loads every module of the learner's path (their methods on fastai's `Learner`: `to_xla`, `to_tpu_distributed`,
+`launch`, `to_tpu_spmd`, `xla_report`, the checkpoints' `save`, `load_resume`...), and hands over the names a user's script
+calls. The helpers stay in their modules (`from fastai_xla.data import shard_idxs`); fastai_xla's features for fastai's
+text, vision augmentations and GANs load when the learner needs them (`application_features`, 04_distributed)."""
+from . import pickling, optimizer, metrics, models, launch  # noqa: F401 (what they add to fastai's classes and to the learner's path)
+from .settings import Settings, current_settings
+from .core import xla_device, device_kind, is_xla, to_host, step_boundary, xla_counters, counters_diff, AutogradStartedFirst
+from .run import Run, replica_ordinal, replica_count, is_master, is_local_master, ReplicasDiverged
+from .dist import ReplicasFailed
+from .data import XLADataLoader
+from .callback import TPUCallback, XLALearner, is_xla_learner, xla_dataloaders
+from .distributed import spawn, rank0_first, xla_distrib_ctx
+from .checkpoint import CheckpointRefused, CheckpointCollision, load_weights
+from .resume import ResumeCallback, StopOnSignal, Preempted
+from .precision import XLAMixedPrecision
+from .diagnostics import XLAPerformanceWarning, XLADiagnostics, enable_compile_cache, ProfileSteps
+from .spmd import data_mesh
+
+__all__ = ['Settings', 'current_settings', 'xla_device', 'device_kind', 'is_xla', 'to_host', 'step_boundary', 'xla_counters',
+           'counters_diff', 'AutogradStartedFirst', 'Run', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
+           'ReplicasDiverged', 'ReplicasFailed', 'XLADataLoader', 'TPUCallback', 'XLALearner', 'is_xla_learner', 'xla_dataloaders',
+           'spawn', 'rank0_first', 'xla_distrib_ctx', 'CheckpointRefused', 'CheckpointCollision', 'load_weights', 'ResumeCallback',
+           'StopOnSignal', 'Preempted', 'XLAMixedPrecision', 'XLAPerformanceWarning', 'XLADiagnostics', 'enable_compile_cache',
+           'ProfileSteps', 'data_mesh']

@@ -181,7 +181,7 @@ class CutMixOnXLA(XLAVersion):
         box = torch.zeros(H, W, dtype=torch.bool)
         box[y1:y2, x1:x2] = True
         weight = torch.tensor(1 - (x2 - x1) * (y2 - y1) / float(W * H))
-        shuffle, box, self.lam = to_xla([shuffle, box, weight], self.x.device)   # (one transfer; the weight as data, never a constant)
+        shuffle, box, self.lam = move_to_device([shuffle, box, weight], self.x.device)   # (one transfer; the weight as data, never a constant)
         xb1, self.yb1 = self.x[shuffle], (self.y[shuffle],)
         self.learn.xb = (torch.where(box, xb1, self.x), *self.learn.xb[1:])
         if not self.stack_y:

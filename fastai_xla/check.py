@@ -70,24 +70,24 @@ def _on_device(learn, inputs:list):
 
 def _all_reduce(run):
     import torch
-    from fastai_xla.core import to_xla, to_host
-    t = to_xla(torch.tensor([float(run.ordinal), 1.]), run.device)
+    from fastai_xla.core import move_to_device, to_host
+    t = move_to_device(torch.tensor([float(run.ordinal), 1.]), run.device)
     run.all_reduce_sum_([t])
     got, want = to_host(t).tolist(), [run.count * (run.count - 1) / 2, float(run.count)]
     if got != want: raise AssertionError(f'the sum of the ordinals over {run.count} replicas: got {got[0]}, want {want[0]}')
-    g = to_host(run.all_gather(to_xla(torch.tensor([run.ordinal]), run.device))).flatten().tolist()
+    g = to_host(run.all_gather(move_to_device(torch.tensor([run.ordinal]), run.device))).flatten().tolist()
     if g != list(range(run.count)): raise AssertionError(f'gathered ordinals {g}')
     return f'{run.count} replicas ({run.collectives.name}): ordinals sum to {int(got[0])}, gather in order'
 
 def _shards(learn):
     import torch
-    from fastai_xla.core import to_xla, to_host
+    from fastai_xla.core import move_to_device, to_host
     dl, run = learn.dls.train, learn.xla_run
     mine = torch.zeros(dl.dl.n)
     from fastai_xla.data import shard_idxs
     idxs, n_real = shard_idxs(dl.epoch_order(0), dl.bs, dl.rank, dl.world_size, dl.pad)
     mine[torch.tensor(idxs[:n_real], dtype=torch.long)] = 1
-    seen = to_host(run.all_gather(to_xla(mine, run.device)))           # [replicas, items]
+    seen = to_host(run.all_gather(move_to_device(mine, run.device)))           # [replicas, items]
     if (seen.sum(0) > 1).any(): raise AssertionError('two replicas got the same item')
     covered = int((seen.sum(0) > 0).sum())
     if dl.dl.n - covered >= dl.bs * run.count: raise AssertionError(f'{dl.dl.n - covered} items left out')

@@ -12,8 +12,9 @@ from .settings import current_backend
 # %% auto #0
 __all__ = ['module_versions', 'callback_versions', 'metric_versions', 'transform_versions', 'xla_device', 'device_kind', 'is_xla',
            'off_host', 'AutogradStartedFirst', 'check_autograd', 'step_boundary', 'tensors_in', 'map_tensors',
-           'plain_tensor', 'to_xla', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'swap_class', 'xla_version',
-           'fastai_version', 'VersionTable', 'model_on_xla', 'drawn_seed', 'xla_counters', 'counters_diff']
+           'plain_tensor', 'move_to_device', 'to_host', 'XLAVersion', 'xla_class', 'fastai_class', 'swap_class',
+           'xla_version', 'fastai_version', 'VersionTable', 'model_on_xla', 'drawn_seed', 'xla_counters',
+           'counters_diff']
 
 # %% ../nbs/00_core.ipynb #4ab70f06
 def xla_device() -> torch.device:
@@ -104,7 +105,7 @@ def plain_tensor(t):
     "`t` as a plain `torch.Tensor` (without fastai's subclass, whose `__torch_function__` costs host time on every operation)."
     return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor else t
 
-def to_xla(b, device=None, sharding=None):
+def move_to_device(b, device=None, sharding=None):
     "Copy every CPU tensor in the nested batch `b` to the XLA `device` in one transfer, keeping types."
     # `sharding(t)`: how an SPMD mesh splits `t` across its devices (None: every device holds all of it)
     device = device or xla_device()

@@ -398,7 +398,7 @@ class XLADataLoader(GetAttr):
 
     def _to_device(self, b):
         if isinstance(b, list): b = tuple(b)
-        return to_xla(b, self.device, self.sharding)
+        return move_to_device(b, self.device, self.sharding)
 
     def to(self, device): self.device = device
     def to_detach(self, b, cpu=True, gather=True):

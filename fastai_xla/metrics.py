@@ -31,8 +31,8 @@ class DeviceSmoothLoss(AvgSmoothLoss):
     def accumulate(self, learn):
         loss = learn.loss if learn.loss.ndim == 0 else learn.loss.mean()
         if getattr(self, 'device', None) is None:   # the start of a fit
-            self.device, self.beta_pow = loss.device, to_xla(torch.ones(()), loss.device)
-        if self.val.device != self.device: self.val = to_xla(self.val.float(), self.device)   # (the Recorder read it last phase)
+            self.device, self.beta_pow = loss.device, move_to_device(torch.ones(()), loss.device)
+        if self.val.device != self.device: self.val = move_to_device(self.val.float(), self.device)   # (the Recorder read it last phase)
         self.count += 1
         self.val = torch.lerp(loss, self.val, self.beta)
         # fastai divides by `1 - beta**count`, a Python number that reaches 1.0 in float32 after ~860 steps (beta 0.98),
@@ -53,7 +53,7 @@ def set_smooth_loss(recorder, smooth):
 
 class DeviceTotal:
     "A running sum on the device that adds out of place, so every batch of a phase is the same graph."
-    def __init__(self, device): self.t = to_xla(torch.zeros(()), device)
+    def __init__(self, device): self.t = move_to_device(torch.zeros(()), device)
     def __iadd__(self, x):
         self.t = self.t + x
         return self
@@ -167,7 +167,7 @@ class DeviceMetricsCallback(Callback):
         n = phase_items(self.learn.dl)
         for m in mets:
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):
-                total, count = m.total.t, to_xla(torch.tensor(float(m.count)), self._device)
+                total, count = m.total.t, move_to_device(torch.tensor(float(m.count)), self._device)
                 run.all_reduce_sum_([total, count])
                 m.total.t, m.count = total, count           # (the count too comes to the host in the phase's one transfer)
             elif isinstance(m, AvgSmoothLoss) and isinstance(m.val, torch.Tensor) and m.val.device == self._device:
@@ -223,7 +223,7 @@ def on_run_device(learn, t) -> bool:
 def add_counts(total, counts:torch.Tensor) -> torch.Tensor:
     "`total + counts` on the device; a `total` that is not yet a device tensor (fastai's `0`) starts as device zeros."
     if not (isinstance(total, torch.Tensor) and total.device == counts.device):
-        total = to_xla(torch.zeros(counts.shape, dtype=counts.dtype), counts.device)
+        total = move_to_device(torch.zeros(counts.shape, dtype=counts.dtype), counts.device)
     return total + counts
 
 

@@ -75,7 +75,7 @@ def _restore_smooth_loss(learn, s):
     sl.val, sl.count = s['val'].clone(), s['count']
     if isinstance(sl, DeviceSmoothLoss):                  # its debiasing factor lives on the device, as beta**count
         run = getattr(learn, 'xla_run', None)
-        if run is not None: sl.device, sl.beta_pow = run.device, to_xla(torch.tensor(sl.beta ** sl.count), run.device)
+        if run is not None: sl.device, sl.beta_pow = run.device, move_to_device(torch.tensor(sl.beta ** sl.count), run.device)
         sl._value = None
 
 # %% ../nbs/05a_resume.ipynb #cf67107f

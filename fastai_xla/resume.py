@@ -46,7 +46,7 @@ def weights_bytes(o) -> bytes:
     buf = io.BytesIO(); torch.save(o, buf)
     return buf.getvalue()
 
-# %% ../nbs/05a_resume.ipynb #c9214760
+# %% ../nbs/05a_resume.ipynb #00c9324a
 def recorder_history(learn) -> dict|None:
     "The `Recorder`'s history (values, losses, learning rates, iterations, metric names) in plain Python, or None before any fit."
     rec = getattr(learn, 'recorder', None)

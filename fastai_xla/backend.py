@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
            'backend_named', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #aaa0366b
+# %% ../nbs/00_backend.ipynb #cff17b62
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -67,6 +67,9 @@ class Launcher:
     def run(self, fn, args:tuple=(), nprocs:int|None=None, start_method:str='spawn', stop=None):
         "Run the replicas until every one ended; raise if one failed (`stop`, a `threading.Event`: stop them all when set)."
         raise NotImplementedError
+    def exit_statuses(self, e:BaseException) -> dict:
+        "`{replica: exit status}` of the replicas that ended the run `e` reports (what `run` raised); `{}` if it reports none."
+        return {}
 
 class Counters:
     "What the runtime did so far in this process (zeros where it does not count)."

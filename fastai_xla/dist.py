@@ -194,7 +194,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #9cb5e553
+# %% ../nbs/00c_dist.ipynb #ad891146
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -480,6 +480,7 @@ class ReplicaProcesses(Launcher):
         failed = {r: p.returncode for r, p in enumerate(procs) if p.returncode != 0}
         if failed: raise ReplicasFailed(failed, len(procs))
 
+    def exit_statuses(self, e): return dict(e.statuses) if isinstance(e, ReplicasFailed) else {}
     def run(self, fn, args=(), nprocs=None, start_method='spawn', stop=None):
         self.start(fn, args, self.nprocs(nprocs), start_method)
         self.wait(stop)

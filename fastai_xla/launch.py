@@ -150,7 +150,7 @@ def _replica_entry(index, job_dir):
     "What every replica runs, whatever started it (`xmp.spawn`, `ReplicaProcesses`): the job in `job_dir`, ended with the launching process."
     TellingFailures(_run_replica)(job_dir)
 
-# %% ../nbs/04a_launch.ipynb #c652a6b7
+# %% ../nbs/04a_launch.ipynb #8fd28416
 def _preempted(job_dir) -> str|None:
     "What the replicas that stopped on a signal (`Preempted`) said, or None."
     said = [p.read_text() for p in sorted(Path(job_dir).glob('preempted-*.txt'))]
@@ -184,7 +184,7 @@ def _run_launcher(launcher, job_dir, nprocs, method, stop, sigterm_at):
     "Run the replicas on the job in `job_dir` to their end; `Preempted` when they stopped on a signal (told by them, or passed on by this process at `sigterm_at['at']`)."
     try: launcher.run(_replica_entry, (str(job_dir),), nprocs, method, stop)
     except Exception as e:
-        statuses = getattr(e, 'statuses', None) or ({'?': e.exit_code} if hasattr(e, 'exit_code') else {})
+        statuses = launcher.exit_statuses(e)
         if statuses and all(c == Preempted.exit_status for c in statuses.values()) and (said := _preempted(job_dir)):
             raise Preempted(said) from None
         if 'at' in sigterm_at and statuses and set(statuses.values()) <= _ENDED_BY_SIGTERM and not _replica_errors(job_dir):

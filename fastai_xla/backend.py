@@ -9,8 +9,8 @@ import torch
 
 # %% auto #0
 __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops', 'Backend',
-           'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'backend_class', 'automatic_backend',
-           'backend_named', 'driving_backend', 'runtime_of']
+           'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
+           'automatic_backend', 'backend_named', 'driving_backend', 'runtime_of']
 
 # %% ../nbs/00_backend.ipynb #cff17b62
 class Runtime:
@@ -184,13 +184,18 @@ def google_torch_tpu() -> str|None:
 
 def has_torch_xla() -> bool: return importlib.util.find_spec('torch_xla') is not None
 
-# %% ../nbs/00_backend.ipynb #b7e354ae
-BACKENDS = {'torch_xla': 'fastai_xla.backend_xla:TorchXLA', 'native': 'fastai_xla.backend_native:Native'}
+# %% ../nbs/00_backend.ipynb #be3797b6
+BACKENDS = {}   # name -> `Backend` class, in the order of the automatic choice: filled by `register_backend`
+
+def register_backend(cls:type) -> type:
+    "Make the `Backend` subclass `cls` a backend a run can use, by its `name` (its module calls it when imported)."
+    BACKENDS[cls.name] = cls
+    return cls
 
 def backend_class(name:str) -> type:
     "The `Backend` class named `name` in `BACKENDS`."
-    module, cls = BACKENDS[name].split(':')
-    return getattr(importlib.import_module(module), cls)
+    if name not in BACKENDS: raise ValueError(f"No backend is named {name!r}: choose among {', '.join(map(repr, BACKENDS))}.")
+    return BACKENDS[name]
 
 def automatic_backend() -> str:
     "The backend to use when none is asked for: the first that suits the machine, else torch_xla (its CPU device)."
@@ -207,10 +212,8 @@ def backend_named(name:str|None=None) -> Backend:
     return cls()
 
 def _runtime_started(name) -> bool:
-    "Has this process started the runtime of the backend `name`? (Not imported: not started.)"
-    module = BACKENDS[name].split(':')[0]
-    import sys
-    return module in sys.modules and backend_class(name).runtime_started_in_process()
+    "Has this process started the runtime of the backend `name`?"
+    return backend_class(name).runtime_started_in_process()
 
 # %% ../nbs/00_backend.ipynb #0a19b520
 def driving_backend(device_type:str) -> type|None:

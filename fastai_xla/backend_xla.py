@@ -276,7 +276,8 @@ class XLALoops(Loops):
         carry, ys = tuple(out[1:1 + len(init)]), tuple(out[1 + len(init) + len(xs):])
         return carry, ys[0] if one_y else ys
 
-# %% ../nbs/00d_backend_xla.ipynb #28ae4571
+# %% ../nbs/00d_backend_xla.ipynb #1dea654b
+@register_backend
 class TorchXLA(Backend):
     "torch_xla's lazy tensors, PJRT runtime and collectives (torch_xla 2.8, 2.9)."
     name, device_types = 'torch_xla', ('xla',)

@@ -15,7 +15,7 @@ from .settings import *
 __all__ = ['interrupted', 'process_signals', 'PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'joining_error', 'is_loopback',
            'listening_socket', 'meeting_store', 'private_prefix', 'check_exposure', 'gloo_options', 'DistCollectives',
            'check_nprocs_arg', 'pid_alive', 'free_port', 'watch_parent', 'reset_signals', 'named_signals',
-           'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes']
+           'SignalNotice', 'ForkServer', 'ReplicasFailed', 'ReplicaProcesses', 'stop_processes', 'new_interpreter_main']
 
 # %% ../nbs/00c_dist.ipynb #6a58f103
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -194,7 +194,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_dist.ipynb #ad891146
+# %% ../nbs/00c_dist.ipynb #f955c67b
 def watch_parent(interval:float=0.5, what:str='replica'):
     "End this process as soon as the process that started it is gone (it is re-parented then)."
     parent = os.getppid()
@@ -308,6 +308,10 @@ def _same_interpreter_env() -> dict:
     "This process's environment, with its `sys.path` as PYTHONPATH: what a new interpreter of ours starts with."
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
 
+# what a new interpreter of ours runs (`new_interpreter_main`, below); not `-m` this module: the package imports it first
+# (its backends need it), and `runpy` would warn of running it twice
+_NEW_INTERPRETER = 'import sys; from fastai_xla.dist import new_interpreter_main; new_interpreter_main(sys.argv[1:])'
+
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def _fork_server_preload(runtime_modules=()) -> list:
@@ -361,7 +365,7 @@ class ForkServer:
     def __init__(self, preload:list):
         self.preload = preload
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', 'serve', str(theirs.fileno()), *preload],
+        self.proc = subprocess.Popen([sys.executable, '-c', _NEW_INTERPRETER, 'serve', str(theirs.fileno()), *preload],
                                      pass_fds=[theirs.fileno()], env=_same_interpreter_env())
         theirs.close()
         self.ended, self.started, self.lock = {}, [], threading.Lock()
@@ -461,7 +465,7 @@ class ReplicaProcesses(Launcher):
                 self.procs = [server.fork({**os.environ, **e}, self.threads, str(job)) for e in envs]
             else:
                 base = _same_interpreter_env()
-                self.procs = [subprocess.Popen([sys.executable, '-m', 'fastai_xla.dist', str(self.threads), str(job)], env={**base, **e})
+                self.procs = [subprocess.Popen([sys.executable, '-c', _NEW_INTERPRETER, str(self.threads), str(job)], env={**base, **e})
                               for e in envs]
         return self.procs
 
@@ -496,6 +500,7 @@ def stop_processes(procs, grace:float=5.0):
         try: p.wait(max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired: p.kill(); p.wait()
 
-if __name__ == '__main__' and getattr(globals().get('__spec__'), 'name', None) == 'fastai_xla.dist':
-    if sys.argv[1] == 'serve': _serve_forks(int(sys.argv[2]), sys.argv[3:])   # `ForkServer`
-    else: _replica_main({}, int(sys.argv[1]), sys.argv[2])                    # a replica process `ReplicaProcesses` started with `spawn`
+def new_interpreter_main(argv:list):
+    "What a new interpreter of ours does (`python -c _NEW_INTERPRETER ...`): serve forks (`serve fd modules...`, `ForkServer`), or be a replica process `ReplicaProcesses` started with `spawn` (`threads job`)."
+    if argv[0] == 'serve': _serve_forks(int(argv[1]), argv[2:])
+    else: _replica_main({}, int(argv[0]), argv[1])

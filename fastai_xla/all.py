@@ -10,7 +10,7 @@ from .core import xla_device, device_kind, is_xla, to_host, step_boundary, xla_c
 from .run import Run, replica_ordinal, replica_count, is_master, is_local_master, ReplicasDiverged
 from .dist import ReplicasFailed
 from .data import XLADataLoader
-from .callback import TPUCallback, XLALearner, is_xla_learner, xla_dataloaders
+from .callback import TPUCallback, XLALearner, is_xla_learner, xla_dataloaders, NothingToTrain
 from .distributed import spawn, rank0_first, xla_distrib_ctx
 from .checkpoint import CheckpointRefused, CheckpointCollision, load_weights
 from .resume import ResumeCallback, StopOnSignal, Preempted
@@ -20,7 +20,7 @@ from .spmd import data_mesh
 
 __all__ = ['Settings', 'current_settings', 'xla_device', 'device_kind', 'is_xla', 'to_host', 'step_boundary', 'xla_counters',
            'counters_diff', 'AutogradStartedFirst', 'Run', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
-           'ReplicasDiverged', 'ReplicasFailed', 'XLADataLoader', 'TPUCallback', 'XLALearner', 'is_xla_learner', 'xla_dataloaders',
+           'ReplicasDiverged', 'ReplicasFailed', 'XLADataLoader', 'TPUCallback', 'XLALearner', 'is_xla_learner', 'xla_dataloaders', 'NothingToTrain',
            'spawn', 'rank0_first', 'xla_distrib_ctx', 'CheckpointRefused', 'CheckpointCollision', 'load_weights', 'ResumeCallback',
            'StopOnSignal', 'Preempted', 'XLAMixedPrecision', 'XLAPerformanceWarning', 'XLADiagnostics', 'enable_compile_cache',
            'ProfileSteps', 'data_mesh']

@@ -32,8 +32,8 @@ __all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_c
            'handles', 'lean_dispatch', 'finding_lr', 'TPUCallback', 'RestoreAfterLRFind', 'PaddingCallback',
            'StepBoundaryCallback', 'CastToPlainTensor', 'FlatLossOnXLA', 'on_xla_learner', 'check_learner',
            'learner_mixins', 'Change', 'ClassChanged', 'AttrSet', 'CallbackAdded', 'CallbackRemoved',
-           'OptimizerChanged', 'ModelMoved', 'XLAChanges', 'become_xla_objects', 'check_can_fit', 'XLALearner',
-           'is_xla_learner', 'xla_dataloaders', 'make_xla_learner']
+           'OptimizerChanged', 'ModelMoved', 'XLAChanges', 'become_xla_objects', 'NothingToTrain', 'check_can_fit',
+           'XLALearner', 'is_xla_learner', 'xla_dataloaders', 'make_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #3a028607
 def move_model(model, device) -> dict:
@@ -401,7 +401,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #32e638dd
+# %% ../nbs/03_callback.ipynb #9d5d15c2
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -414,10 +414,14 @@ def become_xla_objects(learn):
         # fastai's graph draws into the progress bar: where there is none (`learn.launch` relays the master's), no graph
         if isinstance(cb, ShowGraphCallback) and not any(isinstance(c, ProgressCallback) for c in learn.cbs): changes.set(cb, 'run', False)
 
+class NothingToTrain(ValueError):
+    "A fit with nothing to train or nothing to train on: every replica refuses it alike, so one replica saying it says it for all (`learn.launch` raises it)."
+    every_replica_raises = True
+
 def check_can_fit(learn):
     "Refuse a fit that has nothing to train or nothing to train on, before it starts (fastai fails with an `IndexError` deep in its optimizer on the first, and trains on nothing, to a loss of nan, on the second)."
     if learn.opt is None and next(iter(learn.model.parameters()), None) is None:
-        raise ValueError(f"The model ({type(learn.model).__name__}) has no parameters: there is nothing to train. Give the "
+        raise NothingToTrain(f"The model ({type(learn.model).__name__}) has no parameters: there is nothing to train. Give the "
                          "Learner a model with weights (layers kept in a plain Python list or dict are not registered: use "
                          "nn.ModuleList or nn.ModuleDict).")
     dl = learn.dls.train
@@ -425,7 +429,7 @@ def check_can_fit(learn):
     except TypeError: return                              # (a loader without a length: it tells when it runs out)
     if n == 0:
         items = len(dl.dataset) if hasattr(dl.dataset, '__len__') else '?'
-        raise ValueError(f"The training set gives no batch ({items} items, batch size {getattr(dl, 'bs', '?')}, "
+        raise NothingToTrain(f"The training set gives no batch ({items} items, batch size {getattr(dl, 'bs', '?')}, "
                          f"drop_last={getattr(dl, 'drop_last', '?')}): there is nothing to train on. Check the data's path and "
                          "the splitter (every item in the validation set?), or lower the batch size.")
 

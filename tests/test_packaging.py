@@ -36,8 +36,10 @@ def fresh_venv(path:Path) -> Path:
     return py
 
 def installed(py, cwd) -> tuple:
-    "What `py` imports as fastai_xla, from a directory outside the source: (metadata version, __version__, file)."
-    out = run(py, '-c', "import importlib.metadata as m, fastai_xla; print(m.version('fastai_xla'), fastai_xla.__version__, fastai_xla.__file__)", cwd=cwd)
+    """What `py` imports as fastai_xla, from a directory outside the source: (metadata version, __version__, file); found, not
+    run (importing the package imports its backends, which need torch, and these environments have no torch stack)."""
+    out = run(py, '-c', "import importlib.metadata as m, importlib.util as u, re; s = u.find_spec('fastai_xla'); "
+                        "print(m.version('fastai_xla'), re.search(r'__version__ = .(.+?).$', open(s.origin).read(), re.M).group(1), s.origin)", cwd=cwd)
     return tuple(out.split())
 
 @pytest.fixture(scope='module')

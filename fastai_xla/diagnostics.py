@@ -149,10 +149,11 @@ def what_bounds(rows:list) -> str:
                 f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #c0a2e1c9
+# %% ../nbs/07_diagnostics.ipynb #4eec0707
 def step_kind(learn) -> str|None:
     "What kind of step the learner takes next, where its callbacks train different graphs in turn (a GAN's `'generator'` and `'critic'` steps): the `xla_step_kind` of the callbacks that have one."
-    kinds = [k for cb in learn.cbs if (k := getattr(cb, 'xla_step_kind', None)) is not None]
+    # (read at every batch: asked of the callbacks' classes, not through fastai's `Callback.__getattr__`, which tries the learner)
+    kinds = [cb.xla_step_kind for cb in learn.cbs if hasattr(type(cb), 'xla_step_kind')]
     return ', '.join(kinds) or None
 
 LATE_COMPILE_ADVICE = {

@@ -126,7 +126,7 @@ def affine_coord_on_xla(x, mat=None, coord_fs=(), sz=None, mode:str='bilinear', 
 class AffineOnXLA(XLAVersion):
     "The XLA version of fastai's affine transforms (`Flip`, `Dihedral`, `Rotate`, `Zoom`, `Warp`): images and masks by `affine_coord_on_xla`."
     def _encode(self, x, mode, reverse=False):
-        if not (is_xla(x) and isinstance(x, (TensorImage, TensorMask))): return super()._encode(x, mode, reverse)
+        if not (on_torch_xla(x) and isinstance(x, (TensorImage, TensorMask))): return super()._encode(x, mode, reverse)
         coord_fs = [] if len(self.coord_fs) == 0 or self.split_idx else list(self.coord_fs)
         return affine_coord_on_xla(x, self.mat, coord_fs, sz=self.size, mode=mode, pad_mode=self.pad_mode,
                                    align_corners=self.align_corners)
@@ -134,7 +134,7 @@ class AffineOnXLA(XLAVersion):
 class ResizedCropOnXLA(XLAVersion):
     "The XLA version of fastai's `RandomResizedCropGPU`: the box as an affine resampling, the same graph for every box."
     def _encode(self, x, mode):
-        if not (is_xla(x) and isinstance(x, (TensorImage, TensorMask))): return super()._encode(x, mode)
+        if not (on_torch_xla(x) and isinstance(x, (TensorImage, TensorMask))): return super()._encode(x, mode)
         mat = crop_matrix(self.tl, self.cp_size, x.shape[-2:], x.shape[0]).to(x.device)
         return affine_coord_on_xla(x, mat, sz=self.size, mode=mode)
 
@@ -150,7 +150,7 @@ def drawn_on_host(tfm, b, split_idx=None):
     "Apply fastai's random batch transform `tfm` to the device batch `b`, its random draws made on the host as fastai makes them."
     tfm.before_call(host_stand_in(b), split_idx=split_idx)
     device = tensors_in(b)[0].device
-    warps = [] if is_xla(device) else list(getattr(tfm, 'coord_fs', []))   # (see above)
+    warps = [] if on_torch_xla(device) else list(getattr(tfm, 'coord_fs', []))   # (see above)
     for o in [tfm, *getattr(tfm, 'fs', []), *warps]:
         for k, v in vars(o).items():
             if isinstance(v, torch.Tensor): setattr(o, k, v.to(device))
@@ -173,7 +173,7 @@ def cutmix_box(W:int, H:int, lam:float):
 class CutMixOnXLA(XLAVersion):
     "The XLA version of fastai's `CutMix`: fastai's draws on the host, the box pasted through a mask (see above)."
     def before_batch(self):
-        if not is_xla(self.x): return super().before_batch()
+        if not on_torch_xla(self.x): return super().before_batch()
         bs, _, H, W = self.x.size()
         lam = float(self.distrib.sample((1,)))                  # fastai's draws, in its order, on the host
         shuffle = torch.randperm(bs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from .backend import *
 from .settings import Settings, current_settings
-from .dist import DistCollectives, ReplicaProcesses
+from .replicas import ProcessGroupCollectives, ReplicaProcesses
 
 # %% auto #0
 __all__ = ['TPU_GENERATIONS', 'check_nprocs', 'native_device_type', 'check_device_type', 'NativeRuntime', 'Native']
@@ -126,9 +126,9 @@ class Native(Backend):
     def suits_machine(cls): return not has_torch_xla() and google_torch_tpu() is not None and bool(tpu_pci_devices())
 
     def collectives(self, settings:Settings):
-        if settings.transport == 'gloo': return DistCollectives(settings, 'gloo')
+        if settings.transport == 'gloo': return ProcessGroupCollectives(settings, 'gloo')
         if not settings.in_group: return Collectives()
-        return DistCollectives(settings, self.process_group)
+        return ProcessGroupCollectives(settings, self.process_group)
 
     def launcher(self, settings:Settings):
         settings = settings.with_(backend=self.name)

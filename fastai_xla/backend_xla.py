@@ -8,7 +8,7 @@ import os, sys, pickle, importlib, importlib.metadata, importlib.util, warnings
 import torch
 from .backend import *
 from .settings import Settings
-from .dist import DistCollectives, ReplicaProcesses
+from .replicas import ProcessGroupCollectives, ReplicaProcesses
 
 # %% auto #0
 __all__ = ['SUPPORTED_STACKS', 'check_torch_xla', 'choose_pjrt_device', 'import_torch_xla', 'XLARuntime', 'always_all_reduce',
@@ -299,7 +299,7 @@ class TorchXLA(Backend):
     @classmethod
     def suits_machine(cls): return has_torch_xla() and tpu_chips() > 0
     def collectives(self, settings:Settings):
-        return DistCollectives(settings, 'gloo') if settings.transport == 'gloo' else XLACollectives()
+        return ProcessGroupCollectives(settings, 'gloo') if settings.transport == 'gloo' else XLACollectives()
     def launcher(self, settings:Settings):
         return ReplicaProcesses(settings.with_(backend=self.name)) if settings.transport == 'gloo' else XLASpawn()
 

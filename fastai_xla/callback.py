@@ -242,7 +242,7 @@ class CastToPlainTensor(CastToTensor):
 # %% ../nbs/03_callback.ipynb #64870c55
 def _flat_target(loss, inp, targ):
     "The target fastai's `BaseLoss` would hand the torch loss, when all it does to `inp` is nothing (a `(n, c)` XLA prediction, class axis last) and `targ` is `n` integer labels, `(n,)` or `(n, 1)`; else `None`."
-    if not (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and is_xla(inp) and inp.ndim == 2
+    if not (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and on_torch_xla(inp) and inp.ndim == 2
             and loss.flatten and loss.is_2d and not loss.floatify and loss.axis in (-1, 1)): return None
     if targ.shape not in ((inp.shape[0],), (inp.shape[0], 1)): return None
     if targ.dtype in (torch.int8, torch.int16, torch.int32): targ = targ.long()    # as fastai promotes them

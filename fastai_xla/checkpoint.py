@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from fastai.learner import join_path_file, get_model
 from .core import *
 from .run import *
-from .dist import pid_alive
+from .replicas import pid_alive
 from .callback import *
 from .metrics import *
 

@@ -14,7 +14,7 @@ from fastai.callback.progress import ProgressCallback
 from .compat import *
 from .backend import backend_named
 from .settings import current_settings, this_thread
-from .dist import check_nprocs_arg
+from .replicas import check_nprocs_arg
 from .core import *
 from .run import *
 from .data import *

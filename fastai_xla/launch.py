@@ -15,7 +15,7 @@ from fastai.callback.progress import ProgressCallback
 from .compat import *
 from .backend import backend_named
 from .settings import current_settings
-from .dist import check_nprocs_arg, pid_alive, INTERRUPTED_STATUS
+from .replicas import check_nprocs_arg, pid_alive, INTERRUPTED_STATUS
 from .core import *
 from .data import check_loaders
 from .run import *

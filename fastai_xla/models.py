@@ -32,7 +32,7 @@ def ceil_avg_pool2d(x:torch.Tensor, kernel_size) -> torch.Tensor:
 class CeilPoolOnXLA(XLAVersion):
     "The XLA version of torch's `nn.AvgPool2d`: with `ceil_mode` (fastai's `xresnet` shortcuts), `ceil_avg_pool2d` on XLA tensors."
     def forward(self, x):
-        if is_xla(x) and ceil_pool_lowers(self): return ceil_avg_pool2d(x, self.kernel_size)
+        if on_torch_xla(x) and ceil_pool_lowers(self): return ceil_avg_pool2d(x, self.kernel_size)
         return super().forward(x)
 
 module_versions.register(nn.AvgPool2d, CeilPoolOnXLA)
@@ -52,7 +52,7 @@ class BatchNormOnXLA(XLAVersion):
     "The XLA version of torch's `BatchNorm1d/2d/3d`: statistics from centered values, the running variance from the unbiased batch variance, as PyTorch's."
     def forward(self, x):
         batch_stats = self.training or self.running_mean is None
-        if not (is_xla(x) and _float(x) and batch_stats and _torch_forward(self, nn.modules.batchnorm._BatchNorm)):
+        if not (on_torch_xla(x) and _float(x) and batch_stats and _torch_forward(self, nn.modules.batchnorm._BatchNorm)):
             return super().forward(x)
         # the shift: the first item's mean per channel (one item's values: a small reduction; near the batch's mean)
         first = x.detach()[:1]
@@ -73,14 +73,14 @@ class BatchNormOnXLA(XLAVersion):
 class LayerNormOnXLA(XLAVersion):
     "The XLA version of torch's `LayerNorm`: each row's mean taken out first, so torch_xla's one-pass variance does not cancel."
     def forward(self, x):
-        if not (is_xla(x) and _float(x) and _torch_forward(self, nn.LayerNorm)): return super().forward(x)
+        if not (on_torch_xla(x) and _float(x) and _torch_forward(self, nn.LayerNorm)): return super().forward(x)
         dims = list(range(x.ndim - len(self.normalized_shape), x.ndim))
         return super().forward(x - x.detach().mean(dims, keepdim=True))
 
 class GroupNormOnXLA(XLAVersion):
     "The XLA version of torch's `GroupNorm`: each group's mean taken out first."
     def forward(self, x):
-        if not (is_xla(x) and _float(x) and _torch_forward(self, nn.GroupNorm)): return super().forward(x)
+        if not (on_torch_xla(x) and _float(x) and _torch_forward(self, nn.GroupNorm)): return super().forward(x)
         n, c = x.shape[:2]
         groups = x.detach().reshape(n, self.num_groups, -1).mean(-1)             # (n, groups)
         shift = groups.repeat_interleave(c // self.num_groups, dim=1).view(n, c, *[1] * (x.ndim - 2))
@@ -89,7 +89,7 @@ class GroupNormOnXLA(XLAVersion):
 class InstanceNormOnXLA(XLAVersion):
     "The XLA version of torch's `InstanceNorm1d/2d/3d` (without running statistics): each map's mean taken out first."
     def forward(self, x):
-        if not (is_xla(x) and _float(x) and not self.track_running_stats
+        if not (on_torch_xla(x) and _float(x) and not self.track_running_stats
                 and _torch_forward(self, nn.modules.instancenorm._InstanceNorm)): return super().forward(x)
         spatial = list(range(x.ndim - self._get_no_batch_dim() + 1, x.ndim))
         return super().forward(x - x.detach().mean(spatial, keepdim=True))

@@ -12,7 +12,7 @@ from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.learner import Learner
 from .core import *
-from .dist import process_signals, named_signals, PREEMPTED_STATUS
+from .replicas import process_signals, named_signals, PREEMPTED_STATUS
 from .callback import *
 from .metrics import DeviceSmoothLoss
 from .checkpoint import host_state, save_on_xla, read_checkpoint, checkpoint_path, checkpoint_error, load_weights

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from .backend import *
 from .settings import *
 from .core import *
-from .dist import watch_parent, meeting_store, private_prefix, interrupted
+from .replicas import watch_parent, meeting_store, private_prefix, interrupted
 
 # %% auto #0
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',

@@ -115,7 +115,7 @@ def scan_lstm(lstm:nn.LSTM, input:torch.Tensor, hx=None):
 
 def loops_on_xla(lstm:nn.LSTM, input) -> bool:
     "Does `lstm(input)` run as `scan_lstm` (on torch_xla's device, with a backend that builds loops: the native backend on `xla` has none)?"
-    return (scan_lstms and isinstance(input, torch.Tensor) and input.dim() == 3 and is_xla(input)
+    return (scan_lstms and isinstance(input, torch.Tensor) and input.dim() == 3 and on_torch_xla(input)
             and not getattr(lstm, 'proj_size', 0) and builds_loops())
 
 def builds_loops() -> bool:
@@ -141,7 +141,7 @@ class AWDLSTMOnXLA(XLAVersion):
     _xla_attrs = ('zeros_kept',)
     def _one_hidden(self, l):
         h, c = super()._one_hidden(l)
-        if not is_xla(h): return h, c
+        if not on_torch_xla(h): return h, c
         kept = self.__dict__.setdefault('zeros_kept', {})
         return device_zeros(h, ('h', l), kept), device_zeros(c, ('c', l), kept)
 
@@ -166,7 +166,7 @@ def chunk_restarts(mask:torch.Tensor, bptt:int):
 
 def in_one_pass(encoder:SentenceEncoder, input:torch.Tensor) -> bool:
     "Does `static_forward` run `input` through `encoder`'s model in one pass (on XLA, a one-direction fastai `AWD_LSTM`, LSTMs as XLA loops)?"
-    return scan_lstms and is_xla(input) and isinstance(encoder.module, AWD_LSTM) and encoder.module.n_dir == 1 and builds_loops()
+    return scan_lstms and on_torch_xla(input) and isinstance(encoder.module, AWD_LSTM) and encoder.module.n_dir == 1 and builds_loops()
 
 def static_forward(encoder:SentenceEncoder, input:torch.Tensor):
     "`SentenceEncoder`'s forward at one shape: every row through every chunk of `bptt` tokens."
@@ -186,7 +186,7 @@ def static_forward(encoder:SentenceEncoder, input:torch.Tensor):
 
 class SentenceEncoderOnXLA(XLAVersion):
     "The XLA version of fastai's `SentenceEncoder`: `static_forward` on XLA, fastai's forward elsewhere."
-    def forward(self, input): return static_forward(self, input) if is_xla(input) else super().forward(input)
+    def forward(self, input): return static_forward(self, input) if on_torch_xla(input) else super().forward(input)
 
 module_versions.register(SentenceEncoder, SentenceEncoderOnXLA)
 

@@ -7,7 +7,7 @@ from fastai.vision.all import ConvLayer, Flatten
 from fastai.tabular.all import TabularPandas, tabular_learner, Categorify, Normalize as TabNormalize, CategoryBlock
 from fastai_xla.all import *
 # the tests reach into the modules too: their helpers, which `fastai_xla.all` (a user's names only) leaves in them
-from fastai_xla.backend import *; from fastai_xla.settings import *; from fastai_xla.dist import *; from fastai_xla.core import *
+from fastai_xla.backend import *; from fastai_xla.settings import *; from fastai_xla.replicas import *; from fastai_xla.core import *
 from fastai_xla.run import *; from fastai_xla.data import *; from fastai_xla.optimizer import *; from fastai_xla.callback import *
 from fastai_xla.metrics import *; from fastai_xla.distributed import *; from fastai_xla.launch import *; from fastai_xla.checkpoint import *
 from fastai_xla.resume import *; from fastai_xla.precision import *; from fastai_xla.diagnostics import *; from fastai_xla.spmd import *

@@ -1,6 +1,7 @@
-"""The guide's map of the house ("How it works") names every notebook in `nbs/`, and no notebook that is gone: a module
-added or removed without the map fails here, so the map a newcomer reads cannot go stale."""
-import json, re
+"""The guide's map of the house ("How it works") names every notebook in `nbs/`, and no notebook that is gone; its "Who
+imports whom" is the package's imports today, without a circle: the map a newcomer reads cannot go stale."""
+import json, re, sys
+import pytest
 from pathlib import Path
 
 NBS = Path(__file__).parent.parent/'nbs'
@@ -13,33 +14,23 @@ def test_the_guides_map_names_every_module_notebook():
     assert mapped == notebooks, dict(missing=sorted(notebooks - mapped), gone=sorted(mapped - notebooks))
 
 PACKAGE = NBS.parent/'fastai_xla'
-
-def package_imports() -> dict:
-    "Each module of the package -> the modules of the package it imports, anywhere in its code (a function's import too)."
-    import ast
-    graph = {}
-    for p in PACKAGE.glob('*.py'):
-        if p.stem.startswith('_'): continue
-        found = set()
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                found |= {node.module} if node.module else {a.name for a in node.names}
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or '']
-                found |= {n.split('.')[1] for n in names if n.startswith('fastai_xla.')}
-                if isinstance(node, ast.ImportFrom) and node.module == 'fastai_xla': found |= {a.name for a in node.names}
-        graph[p.stem] = {m.split('.')[0] for m in found} - {p.stem}
-    return graph
+sys.path.insert(0, str(NBS.parent/'tools'))
+from guide_map import package_imports, layers, section, guide_section, ImportCircle  # noqa: E402
 
 def test_the_modules_import_only_downwards():
     "The package's imports, a function's among them, form no circle: every module can be read after the ones it imports."
-    graph, order = package_imports(), []
-    todo = dict(graph)
-    while todo:
-        ready = [m for m, deps in todo.items() if deps <= set(order)]
-        assert ready, f'a circle among {sorted(todo)}: ' + '; '.join(f'{m} -> {sorted(d - set(order))}' for m, d in sorted(todo.items()))
-        order += sorted(ready)
-        for m in ready: del todo[m]
+    layer = layers(package_imports())
+    assert layer['settings'] < layer['core'] < layer['callback'] < layer['distributed'] < layer['launch']
+
+def test_a_circle_is_found():
+    "The check that guards the house, on a graph with a circle three modules long (and on one without)."
+    test_layers = layers({'a': set(), 'b': {'a'}, 'c': {'b'}})
+    assert test_layers == {'a': 0, 'b': 1, 'c': 2}
+    with pytest.raises(ImportCircle, match=r"b -> \['c'\]"): layers({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': set()})
+
+def test_the_guide_says_what_each_module_imports():
+    "The guide's 'Who imports whom' is the table `tools/guide_map.py` makes from the code today."
+    assert guide_section() == section(package_imports()), 'the guide is stale: run `python tools/guide_map.py`'
 
 # A module naming itself (the check of `__spec__`, the command a new interpreter runs) is not a link.
 def test_no_module_names_another_in_a_string():

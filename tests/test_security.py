@@ -5,7 +5,7 @@ issue's stranger did: writes the failure key, "yes" votes, and a pickle that wou
 exchange their resume state; the run must train to its end as if nobody had come.
 
 Covered: the store's keys named from the secret (`private_prefix`), the replicas' votes, failures and resume exchange
-through it, the refusal of a run that would listen beyond loopback without a secret (00c_dist's notebook test). Not covered:
+through it, the refusal of a run that would listen beyond loopback without a secret (00c_replicas's notebook test). Not covered:
 separate machines (the "hosts" share this one), a stranger who can read the network's traffic (the store's protocol is plain
 TCP: the keys' names travel in clear; the guide's "Security" says to keep pods on a private network), a stranger who
 floods or deletes keys at random (torch's store has no access control: it can be slowed down, not fed)."""
@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 from helpers import *
 from test_faults import start_replicas, wait_all
-from fastai_xla.dist import free_port
+from fastai_xla.replicas import free_port
 from datetime import timedelta   # (after helpers' star import, which brings `datetime` the class)
 
 SCRIPT = """

@@ -17,7 +17,7 @@ import os, sys, json, time, signal, threading
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)   # (a shell without job control hands SIGINT ignored)
 from fastai_xla.all import *
-from fastai_xla.dist import pid_alive
+from fastai_xla.replicas import pid_alive
 from fastai_xla.demo import digits_dls
 from fastai.vision.all import *
 case = sys.argv[1]

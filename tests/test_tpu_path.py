@@ -131,7 +131,7 @@ import sys, json, os, time, signal, hashlib, threading
 sys.path.insert(0, {tests!r})
 from helpers import *
 from test_replicas import indexed_learner, RecordItems
-from fastai_xla.dist import ReplicaProcesses, ReplicasFailed
+from fastai_xla.replicas import ReplicaProcesses, ReplicasFailed
 MODE, OUT = {mode!r}, Path({out!r})
 
 class Trouble(Callback):

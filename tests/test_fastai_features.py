@@ -48,7 +48,7 @@ def test_saving_stopping_logging_callbacks(tmp_path):
     interp = ClassificationInterpretation.from_learner(learn)             # fastai's interpretation after an XLA fit
     assert interp.confusion_matrix().sum() == len(learn.dls.valid_ds)
     losses, idxs = interp.top_losses(3)
-    assert not on_torch_xla(losses) and losses[0] >= losses[-1]
+    assert not off_host(losses) and losses[0] >= losses[-1]
 
 def test_channels_last_and_fp16_are_refused_with_what_to_call():
     learn = digits_learner().to_xla(seed=0)

@@ -8,7 +8,7 @@ from . import pickling, optimizer, metrics, models, launch  # noqa: F401 (what t
 from .settings import Settings, current_settings
 from .core import xla_device, device_kind, on_torch_xla, off_host, is_xla, to_host, step_boundary, xla_counters, counters_diff, AutogradStartedFirst
 from .run import Run, replica_ordinal, replica_count, is_master, is_local_master, ReplicasDiverged
-from .replicas import ReplicasFailed
+from .agent import ReplicasFailed
 from .data import XLADataLoader
 from .callback import TPUCallback, XLALearner, is_xla_learner, xla_dataloaders, NothingToTrain
 from .distributed import spawn, rank0_first, xla_distrib_ctx

@@ -239,7 +239,7 @@ class CastToPlainTensor(CastToTensor):
     "fastai's `CastToTensor` without a cast of plain tensors."
     def before_batch(self): self.learn.xb, self.learn.yb = map_tensors(plain_tensor, (self.learn.xb, self.learn.yb))
 
-# %% ../nbs/03_callback.ipynb #64870c55
+# %% ../nbs/03_callback.ipynb #9db6606d
 def _flat_target(loss, inp, targ):
     "The target fastai's `BaseLoss` would hand the torch loss, when all it does to `inp` is nothing (a `(n, c)` XLA prediction, class axis last) and `targ` is `n` integer labels, `(n,)` or `(n, 1)`; else `None`."
     if not (isinstance(inp, torch.Tensor) and isinstance(targ, torch.Tensor) and on_torch_xla(inp) and inp.ndim == 2
@@ -401,7 +401,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #9d5d15c2
+# %% ../nbs/03_callback.ipynb #8ea44e08
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -445,8 +445,8 @@ class XLALearner(XLAVersion):
         except BaseException as e:
             run = self.xla_run
             # (an exception every replica raises after the same step, as `Preempted`, is no failure to tell)
-            # (nor an interrupt: the launcher, or the terminal's Ctrl-C, interrupts every replica)
-            if run.store is None or isinstance(e, (ReplicasDiverged, KeyboardInterrupt)) or getattr(e, 'every_replica_raises', False): raise
+            # (nor an interrupt: the launcher, or the terminal's Ctrl-C, interrupts every replica; nor under torch's agent: its record says it)
+            if run.store is None or run.supervised or isinstance(e, (ReplicasDiverged, KeyboardInterrupt)) or getattr(e, 'every_replica_raises', False): raise
             failure = run.failure()
             if failure is not None and failure[0] != run.ordinal:   # another replica failed first (or the master is gone): this is the echo
                 raise ReplicasDiverged(f"replica {run.ordinal} stops, because {failure[1]}") from e

@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace, fields, field
 from .backend import BACKENDS, Backend, backend_named
 
 # %% auto #0
-__all__ = ['TRANSPORTS', 'this_thread', 'Settings', 'replica_env', 'current_settings', 'current_backend']
+__all__ = ['TRANSPORTS', 'TORCH_NAMES', 'SETTINGS_VARIABLES', 'this_thread', 'Settings', 'replica_env', 'current_settings',
+           'current_backend']
 
-# %% ../nbs/00_settings.ipynb #80409092
+# %% ../nbs/00_settings.ipynb #71e972df
 TRANSPORTS = ('xla', 'gloo')
 
 def _number(env, name:str, default, kind=float, low=None, high=None):
@@ -55,6 +56,25 @@ def _secret(env) -> str|None:
                          f"`{_MAKE_SECRET}` and give the same one to every host of the run.")
     return value
 
+# PyTorch's own names for a replica's place (torchrun, `init_process_group('env://')`), beside fastai_xla's
+TORCH_NAMES = dict(rank='RANK', world_size='WORLD_SIZE', local_rank='LOCAL_RANK', local_world_size='LOCAL_WORLD_SIZE',
+                   master_addr='MASTER_ADDR', master_port='MASTER_PORT')
+
+def _place(env, field:str, ours:str, read):
+    "A replica's place `field` from fastai_xla's variable `ours` or PyTorch's (torchrun's), read by `read(env, name)`: a clear error where both are set and disagree."
+    theirs = TORCH_NAMES[field]
+    mine = read(env, ours)
+    if not (env.get('RANK', '').strip() and env.get('WORLD_SIZE', '').strip()): return mine   # (PyTorch's names count as a set)
+    torch_value = read(env, theirs)
+    if mine is not None and torch_value is not None and mine != torch_value:
+        raise ValueError(f"{ours}={env[ours]!r} and {theirs}={env[theirs]!r} (PyTorch's, set by torchrun or your cluster) disagree "
+                         f"on this replica's place. Unset {ours}: under torchrun (or any launcher that sets {theirs}) fastai_xla "
+                         f"reads PyTorch's variables; or make them equal.")
+    return mine if mine is not None else torch_value
+
+_int = lambda low, high=None: (lambda env, name: _number(env, name, None, int, low=low, high=high))
+_text = lambda env, name: env.get(name, '').strip() or None
+
 @dataclass(frozen=True)
 class Settings:
     "fastai_xla's settings (see the table above), read once from the environment and the entry point's arguments, checked."
@@ -62,6 +82,7 @@ class Settings:
     rank:int|None=None; world_size:int|None=None; local_rank:int|None=None; local_world_size:int|None=None
     master_addr:str|None=None; master_port:int|None=None; store_addr:str|None=None
     secret:str|None=field(default=None, repr=False)   # (never printed: a settings' repr lands in logs and error messages)
+    run_id:str|None=None; restart_count:int=0; agent_store:bool=False   # (torch's elastic agent's: see the table)
 
     @classmethod
     def from_env(cls, env=None, backend:str|None=None, transport:str|None=None) -> Settings:
@@ -75,14 +96,17 @@ class Settings:
                   timeout=_number(env, 'FASTAI_XLA_TIMEOUT', 300., float, low=0.001),
                   fault_grace=_number(env, 'FASTAI_XLA_FAULT_GRACE', 10., float, low=0),
                   heartbeat=_number(env, 'FASTAI_XLA_HEARTBEAT', 30., float, low=1),
-                  rank=_number(env, 'FASTAI_XLA_RANK', None, int, low=0),
-                  world_size=_number(env, 'FASTAI_XLA_WORLD_SIZE', None, int, low=1),
-                  local_rank=_number(env, 'FASTAI_XLA_LOCAL_RANK', None, int, low=0),
-                  local_world_size=_number(env, 'FASTAI_XLA_LOCAL_WORLD_SIZE', None, int, low=1),
-                  master_addr=env.get('FASTAI_XLA_MASTER_ADDR') or None,
-                  master_port=_number(env, 'FASTAI_XLA_MASTER_PORT', None, int, low=1, high=65535),
+                  rank=_place(env, 'rank', 'FASTAI_XLA_RANK', _int(0)),
+                  world_size=_place(env, 'world_size', 'FASTAI_XLA_WORLD_SIZE', _int(1)),
+                  local_rank=_place(env, 'local_rank', 'FASTAI_XLA_LOCAL_RANK', _int(0)),
+                  local_world_size=_place(env, 'local_world_size', 'FASTAI_XLA_LOCAL_WORLD_SIZE', _int(1)),
+                  master_addr=_place(env, 'master_addr', 'FASTAI_XLA_MASTER_ADDR', _text),
+                  master_port=_place(env, 'master_port', 'FASTAI_XLA_MASTER_PORT', _int(1, 65535)),
                   store_addr=env.get('FASTAI_XLA_STORE_ADDR') or env.get('MASTER_ADDR') or None,
-                  secret=_secret(env))
+                  secret=_secret(env),
+                  run_id=_text(env, 'TORCHELASTIC_RUN_ID'),
+                  restart_count=_number(env, 'TORCHELASTIC_RESTART_COUNT', 0, int, low=0),
+                  agent_store=env.get('TORCHELASTIC_USE_AGENT_STORE', '').strip().lower() == 'true')
         # (a replica's environment must place it in its group; a launcher asked for `transport='gloo'` places its replicas itself)
         if res.transport == 'gloo' and transport is None: res.check_group('FASTAI_XLA_TRANSPORT=gloo')
         return res
@@ -91,49 +115,56 @@ class Settings:
         "Raise unless the settings place this replica in a group of processes (rank, world size, where they meet)."
         missing = [n for n, v in [('FASTAI_XLA_RANK', self.rank), ('FASTAI_XLA_WORLD_SIZE', self.world_size),
                                   ('FASTAI_XLA_MASTER_ADDR', self.master_addr), ('FASTAI_XLA_MASTER_PORT', self.master_port)] if v is None]
-        if missing: raise ValueError(f"{what} needs {', '.join(missing)} too (`learn.launch` and `spawn` set them all).")
+        if missing: raise ValueError(f"{what} needs {', '.join(missing)} too (`learn.launch`, `spawn` and torchrun set them all).")
         if self.rank >= self.world_size:
             raise ValueError(f"FASTAI_XLA_RANK={self.rank} must be below FASTAI_XLA_WORLD_SIZE={self.world_size}.")
         return self
 
     in_group = property(lambda self: self.rank is not None, doc="Is this replica one of a group of processes the settings name (rank, world size)?")
+    supervised = property(lambda self: self.run_id is not None,
+                          doc="Was this replica started by torch's elastic agent (torchrun, `learn.launch`, `spawn`), which watches every replica and stops them all when one ends badly?")
 
     def with_(self, **changes) -> Settings:
         "A copy with `changes`."
         return replace(self, **changes)
 
-# %% ../nbs/00_settings.ipynb #ad68a691
+# %% ../nbs/00_settings.ipynb #fe790ef2
 _VARIABLES = dict(backend='FASTAI_XLA_BACKEND', native_device='FASTAI_XLA_NATIVE_DEVICE', transport='FASTAI_XLA_TRANSPORT', timeout='FASTAI_XLA_TIMEOUT',
                   fault_grace='FASTAI_XLA_FAULT_GRACE', heartbeat='FASTAI_XLA_HEARTBEAT', rank='FASTAI_XLA_RANK',
                   world_size='FASTAI_XLA_WORLD_SIZE', local_rank='FASTAI_XLA_LOCAL_RANK',
                   local_world_size='FASTAI_XLA_LOCAL_WORLD_SIZE', master_addr='FASTAI_XLA_MASTER_ADDR',
-                  master_port='FASTAI_XLA_MASTER_PORT', store_addr='FASTAI_XLA_STORE_ADDR', secret='FASTAI_XLA_SECRET')
+                  master_port='FASTAI_XLA_MASTER_PORT', store_addr='FASTAI_XLA_STORE_ADDR', secret='FASTAI_XLA_SECRET',
+                  run_id='TORCHELASTIC_RUN_ID', restart_count='TORCHELASTIC_RESTART_COUNT', agent_store='TORCHELASTIC_USE_AGENT_STORE')
+
+SETTINGS_VARIABLES = frozenset(_VARIABLES.values())   # (every variable a field of `Settings` is read from, but PyTorch's names)
 
 def replica_env(settings:Settings) -> dict:
     "The environment variables that make a process read `settings` (those that are set)."
-    return {_VARIABLES[f.name]: str(getattr(settings, f.name)) for f in fields(settings) if getattr(settings, f.name) is not None}
+    unset = lambda name, v: v is None or v is False or (name == 'restart_count' and v == 0)   # (the defaults of torch's agent's)
+    return {_VARIABLES[f.name]: str(getattr(settings, f.name)) for f in fields(settings) if not unset(f.name, getattr(settings, f.name))}
 
-# %% ../nbs/00_settings.ipynb #e881a97b
+# %% ../nbs/00_settings.ipynb #f03034b6
 class _ThisThread(threading.local):
     "What belongs to the replica the current thread trains as."
     settings = None   # given by a launcher of replica threads, instead of the environment (see `current_settings`)
     run = None        # the run this thread's learner made (see `Run.enter`)
-    backend = None    # the backend of this thread before any run (see `current_backend`)
     collectives = None   # the collectives of this thread before any run (`replica_collectives`, 00b_run)
 
 this_thread = _ThisThread()
 os.register_at_fork(after_in_child=lambda: this_thread.__dict__.clear())   # a forked replica is a replica of its own
 
+_READ = tuple(sorted({*_VARIABLES.values(), *TORCH_NAMES.values()}))   # (every variable `Settings.from_env` reads)
+_settled = {}   # (the environment's variables, the entry point's arguments) -> Settings: each environment read once
+
 def current_settings(**given) -> Settings:
     "This thread's replica's settings (a launcher's, else the process environment's), with an entry point's `given` arguments (`backend`, `transport`) where not None."
     given = {k: v for k, v in given.items() if v is not None}
-    if this_thread.settings is None: return Settings.from_env(**given)
-    return Settings.from_env(replica_env(this_thread.settings), **given)
+    if this_thread.settings is not None: return Settings.from_env(replica_env(this_thread.settings), **given)
+    key = (tuple(os.environ.get(k) for k in _READ), tuple(sorted(given.items())))
+    if key not in _settled: _settled[key] = Settings.from_env(**given)
+    return _settled[key]
 
 def current_backend() -> Backend:
-    "The backend of this thread's run; before any run, the one its settings name (chosen from the machine if none), kept for the thread."
+    "The backend of this thread's run; before any run, the one its settings name (chosen from the machine if none): the thread's own (`backend_named`)."
     if this_thread.run is not None: return this_thread.run.backend
-    name = current_settings().backend
-    if this_thread.backend is None or (name is not None and this_thread.backend.name != name):
-        this_thread.backend = backend_named(name)
-    return this_thread.backend
+    return backend_named(current_settings().backend)

@@ -16,7 +16,7 @@ from .replicas import meeting_store, reset_signals, process_signals, interrupted
 
 # %% auto #0
 __all__ = ['LoopbackRendezvous', 'exit_status', 'record_error', 'ReplicaRecord', 'read_record', 'ReplicasFailed',
-           'watch_launcher', 'replica_main', 'new_interpreter_main', 'quiet_engine', 'wait_for_agent',
+           'watch_launcher', 'replica_main', 'new_interpreter_main', 'quiet_engine', 'in_thread', 'wait_for_agent',
            'fork_server_preload', 'ElasticLauncher']
 
 # %% ../nbs/00f_agent.ipynb #562d128f
@@ -180,7 +180,7 @@ def _packaged(fn):
     import importlib
     return getattr(importlib.import_module('fastai_xla.agent'), fn.__name__)
 
-# %% ../nbs/00f_agent.ipynb #68c24a87
+# %% ../nbs/00f_agent.ipynb #d72252a5
 @contextmanager
 def quiet_engine(level=logging.CRITICAL):
     "Inside: torch's elastic agent and multiprocessing keep their logs to themselves (a launch says what happened itself)."
@@ -207,25 +207,34 @@ def _passing_sigterm(pids, passed:dict):
     try: yield
     finally: signal.signal(signal.SIGTERM, previous)
 
-def wait_for_agent(runner:threading.Thread, pids, tick=None, grace:float=5.) -> dict:
-    "Until the agent's thread `runner` ends: `tick()` every 0.1 s, SIGTERM passed on to the replicas `pids()` lists; Ctrl-C interrupts them (killed after `grace` s, or at once at a second Ctrl-C) and raises. Returns `{'at': time}` if a SIGTERM was passed on."
+def in_thread(work) -> threading.Event:
+    "Run `work()` in a thread of its own; the event it sets when it ends (what `wait_for_agent` waits on)."
+    done = threading.Event()
+    def run():
+        try: work()
+        finally: done.set()
+    threading.Thread(target=run, name='fastai_xla agent', daemon=True).start()
+    return done
+
+def wait_for_agent(done:threading.Event, pids, tick=None, grace:float=5.) -> dict:
+    "Until `done` (the agent's thread ended): `tick()` every 0.1 s, SIGTERM passed on to the replicas `pids()` lists; Ctrl-C interrupts them (killed after `grace` s, or at once at a second Ctrl-C) and raises once none runs. Returns `{'at': time}` if a SIGTERM was passed on."
+    # (an event, not `Thread.join`: a join that Ctrl-C interrupts takes the thread for ended in Python 3.11, bpo-45274)
     passed = {}
     with _passing_sigterm(pids, passed):
         try:
-            while runner.is_alive():
+            while not done.wait(0.1):
                 if tick is not None: tick()
-                runner.join(0.1)
         except KeyboardInterrupt:
             _signal_all(pids(), signal.SIGINT)
-            try: runner.join(grace)
-            except KeyboardInterrupt: pass              # (pressed again: no more waiting)
-            _signal_all(pids(), signal.SIGKILL)
-            runner.join()
+            try: stopped = done.wait(grace)
+            except KeyboardInterrupt: stopped = False   # (pressed again: no more waiting)
+            if not stopped: _signal_all(pids(), signal.SIGKILL)
+            done.wait()
             raise
     if tick is not None: tick()
     return passed
 
-# %% ../nbs/00f_agent.ipynb #13c59d3c
+# %% ../nbs/00f_agent.ipynb #49e1f61d
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def fork_server_preload(runtime_modules=()) -> list:
@@ -294,10 +303,7 @@ class ElasticLauncher(Launcher):
             def work():
                 try: out['result'] = self.agent.run()
                 except BaseException as e: out['error'] = e
-            with quiet_engine():
-                runner = threading.Thread(target=work, name='fastai_xla agent', daemon=True)
-                runner.start()
-                passed = wait_for_agent(runner, self.pids, tick)
+            with quiet_engine(): passed = wait_for_agent(in_thread(work), self.pids, tick)
             if 'error' in out: raise out['error']
             result = out['result']
             if result.is_failed():

@@ -401,7 +401,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #8ea44e08
+# %% ../nbs/03_callback.ipynb #88883068
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -455,6 +455,10 @@ class XLALearner(XLAVersion):
         finally:
             if outer: self._xla_in_fit = outer
             else: self.__dict__.pop('_xla_in_fit', None)
+
+    def to_detach(self, b, cpu=True, gather=True):
+        "fastai's `to_detach`, without gathering through `torch.distributed`: fastai_xla gathers a replica's predictions itself, and fastai would gather wherever `WORLD_SIZE` (torchrun's, torch's agent's) says there are several processes, with no process group of its own (`summary`, `get_preds` of a list of batches)."
+        return super().to_detach(b, cpu, gather=False)
 
     def predict(self, *args, **kwargs):
         "fastai's `predict`, on this replica alone (its one-item loader is not sharded): the master may predict without the others."

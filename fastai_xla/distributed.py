@@ -127,7 +127,7 @@ class StartedAgain(Callback):
                   "attempt stopped, add `cbs=ResumeCallback(name)` and `start_epoch=learn.load_resume(name, missing_ok=True)` to the fit.",
                   file=sys.stderr, flush=True)
 
-# %% ../nbs/04_distributed.ipynb #3b5de6ea
+# %% ../nbs/04_distributed.ipynb #d9b32c42
 _ENDED_BY_SIGTERM = {PREEMPTED_STATUS, -signal.SIGTERM, INTERRUPTED_STATUS, None}   # (stopped after a vote, by the signal, by the launcher)
 _STOPPED_OUTSIDE_FIT = ("fastai_xla: preempted (SIGTERM to the launching process): the replicas stopped outside a fit (nothing saved).")
 
@@ -141,12 +141,12 @@ def _as_itself(e:ReplicasFailed) -> BaseException|None:
     "The first failed replica's error, made again here (its class and message), with its traceback as a note; None where it cannot be."
     first = e.records[e.first].error
     cls = _exception_class(first['module'], first['type']) if first else None
-    if cls is None: return None
+    same = [r for r in e.records.values() if r.error and (r.error['type'], r.error['message']) == (first['type'], first['message'])]
+    every = bool(e.count) and len(same) == e.count
+    if cls is None or not (every or getattr(cls, 'every_replica_raises', False)): return None   # (one replica's own failure: named as such)
     try: err = cls(first['message'])
     except Exception: return None                       # (a class that needs more than a message)
-    same = [r for r in e.records.values() if r.error and (r.error['type'], r.error['message']) == (first['type'], first['message'])]
-    said = (f"every replica, {len(same)} of them, raised it" if e.count and len(same) == e.count else
-            f"replica {e.first} raised it first" + (f", {len(same) - 1} other(s) the same" if len(same) > 1 else ''))
+    said = f"every replica, {len(same)} of them, raised it" if every else f"replica {e.first} raised it, as every replica does"
     err.add_note(f"({said}; the first one's traceback:)\n{first['traceback']}")
     return err
 

@@ -223,10 +223,9 @@ print('LAUNCHED', learn.recorder.values[-1][-1])
 '''
 
 def test_a_launch_after_an_eager_fit_trains():
-    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again from its fork server (a fresh process) and says so; the job pickles fastai 2.8.7's loaders (plum's lock: 01_pickling)."
+    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again from Python's fork server (a fresh process) and says so; the job pickles fastai 2.8.7's loaders (plum's lock: 01_pickling). Run as a notebook's kernel runs cells: no `__main__` file."
     with tempfile.TemporaryDirectory() as d:
-        (Path(d)/'notebook.py').write_text(EAGER_THEN_LAUNCH)
-        r = subprocess.run([sys.executable, 'notebook.py'], capture_output=True, text=True, timeout=600, cwd=d, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+        r = subprocess.run([sys.executable, '-c', EAGER_THEN_LAUNCH], capture_output=True, text=True, timeout=600, cwd=d, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "starting them again with start_method='forkserver'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
     assert float(r.stdout.split('LAUNCHED ')[1].split()[0]) > 0.5, r.stdout[-2000:]
@@ -274,7 +273,7 @@ def test_what_a_launch_says_when_it_cannot_go_on(tmp_path):
                        env={**os.environ, 'PJRT_DEVICE': 'CPU', 'TMPDIR': str(tmp_path/'tmp')})
     cases = dict(re.findall(r'^CASE (\w+): (.*)$', r.stdout, re.M))
     assert len(cases) == 4, r.stdout[-3000:] + r.stderr[-3000:]
-    assert cases['same'].startswith('ValueError: the learning rate schedule is wrong NOTES (every replica, 2 of them, raised it'), cases
+    assert cases['same'].startswith('ValueError: the learning rate schedule is wrong NOTES (every replica, 2 of them, raised it'), cases   # (each replica's record, torch's agent's)
     assert cases['nothing'].startswith('NothingToTrain: The model (Sequential) has no parameters: there is nothing to train'), cases   # (a ValueError: said by one replica for all, which refuse alike)
     assert cases['full'].startswith('OSError: [Errno 27] The launch cannot write its files') and 'set the environment variable TMPDIR' in cases['full'], cases
     assert "LEFT []" in r.stdout, r.stdout[-2000:]                                # (no half-made job folder left behind)

@@ -64,8 +64,9 @@ for method in sys.argv[2].split(','):
 
 def _launch_with_signals(tmp_path, case):
     (tmp_path/'script.py').write_text(textwrap.dedent(SCRIPT))
-    r = subprocess.run([sys.executable, 'script.py', case, ','.join(METHODS)], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=900, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    # (run as a notebook's kernel runs its cells: no `__main__` file, which Python's fork server would run again in each replica)
+    r = subprocess.run([sys.executable, '-c', textwrap.dedent(SCRIPT), case, ','.join(METHODS)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=900, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     results = [json.loads(x) for x in re.findall(r'^RESULT (\{.*\})$', r.stdout, re.M)]
     assert r.returncode == 0 and [x['method'] for x in results] == list(METHODS), r.stdout[-3000:] + r.stderr[-5000:]
     for x in results: assert x['replicas'] == 2 and not x['alive'], x            # (each launch's replicas all gone)

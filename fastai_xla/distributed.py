@@ -76,7 +76,7 @@ def to_xla(self:Learner,
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)
     return make_xla_learner(self, run, grouped_steps, **kwargs)
 
-# %% ../nbs/04_distributed.ipynb #3704045a
+# %% ../nbs/04_distributed.ipynb #40703581
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
@@ -99,10 +99,10 @@ def to_tpu_distributed(self:Learner,
         run.open_store()
         run.watch()                           # (replicas started by hand; torch's agent watches its own)
         if settings.supervised: watch_launcher()   # (torchrun killed: its replicas end too; `learn.launch`'s watch theirs already)
-    if settings.restart_count and not any(isinstance(cb, StartedAgain) for cb in self.cbs): self.xla_changes.add_cb(StartedAgain())
     if num_workers is None:   # fastai keeps the real worker count on its inner torch loader
         num_workers = workers_per_replica(getattr(torch_loader(self.dls.train), 'num_workers', 0), run.local_count)
     self.to_xla(run=run, num_workers=num_workers, **kwargs)
+    if settings.restart_count and not any(isinstance(cb, StartedAgain) for cb in self.cbs): self.xla_changes.add_cb(StartedAgain())
     if run.together:   # every replica starts from the master's weights (then the same averaged gradients keep them equal)
         with torch.no_grad():
             run.broadcast_(list(self.model.parameters()) + list(self.model.buffers()), what='weights broadcast when the replicas are set up')

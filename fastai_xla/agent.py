@@ -15,9 +15,9 @@ from .settings import *
 from .replicas import meeting_store, reset_signals, process_signals, interrupted, pid_alive, INTERRUPTED_STATUS
 
 # %% auto #0
-__all__ = ['LoopbackRendezvous', 'exit_status', 'record_error', 'ReplicaRecord', 'read_record', 'ReplicasFailed',
+__all__ = ['LoopbackRendezvous', 'exit_status', 'record_error', 'ReplicaRecord', 'read_record', 'ReplicasFailed', 'launcher_pid',
            'watch_launcher', 'replica_main', 'new_interpreter_main', 'quiet_engine', 'in_thread', 'wait_for_agent',
-           'fork_server_preload', 'ElasticLauncher']
+           'fork_server_preload', 'ElasticLauncher', 'first_failure']
 
 # %% ../nbs/00f_agent.ipynb #562d128f
 class LoopbackRendezvous(RendezvousHandler):
@@ -40,7 +40,7 @@ class LoopbackRendezvous(RendezvousHandler):
         self.store = self.listener = None
         return True
 
-# %% ../nbs/00f_agent.ipynb #74dc8674
+# %% ../nbs/00f_agent.ipynb #ba3a4325
 def exit_status(e:BaseException) -> int:
     "The exit status of a replica that ended with `e` (a `SystemExit` keeps its own: `Preempted` is 75; an interrupt is 130)."
     if isinstance(e, SystemExit): return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -50,7 +50,7 @@ def record_error(e:BaseException, rank:int|None=None):
     "Write `e` where torch's agent reads this replica's error (`TORCHELASTIC_ERROR_FILE`), in torch's format, with its class (the first error of a process stays)."
     path = os.environ.get('TORCHELASTIC_ERROR_FILE')
     if not path or os.path.exists(path): return
-    ours = dict(module=type(e).__module__, type=type(e).__qualname__, message=str(e), rank=rank, status=exit_status(e))
+    ours = dict(module=type(e).__module__, type=type(e).__qualname__, message=str(e), rank=rank, status=exit_status(e), at=time.time())
     data = dict(message=dict(message=f'{type(e).__name__}: {e}', extraInfo=dict(
         py_callstack=''.join(traceback.format_exception(e)), timestamp=str(int(time.time())), fastai_xla=ours)))
     try: Path(path).write_text(json.dumps(data))
@@ -74,7 +74,7 @@ def read_record(rank:int, data:dict|None, status:int|None=None) -> ReplicaRecord
     if isinstance(message, str): message = dict(message=message)
     extra = message.get('extraInfo') or {}
     ours = extra.get('fastai_xla') or dict(type='', module='', message=message.get('message', ''))
-    error = dict(type=ours['type'], module=ours['module'], message=ours['message'], traceback=extra.get('py_callstack', ''))
+    error = dict(type=ours['type'], module=ours['module'], message=ours['message'], traceback=extra.get('py_callstack', ''), at=ours.get('at'))
     rank = ours['rank'] if ours.get('rank') is not None else rank   # (a replica thread's own, where it is one of several)
     return ReplicaRecord(rank, status if status is not None else ours.get('status'), error)
 
@@ -87,7 +87,7 @@ class ReplicasFailed(RuntimeError):
         super().__init__(f"{records[first]}{more}")
     statuses = property(lambda self: {r: x.status for r, x in self.records.items()}, doc="`{rank: exit status}` (None: stopped by the launcher)")
 
-# %% ../nbs/00f_agent.ipynb #66b1b6d2
+# %% ../nbs/00f_agent.ipynb #0c5ae9f1
 # what torch's agent sets in a replica's environment: kept over the launching process's
 _AGENT_VARIABLES = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_NAME',
                     'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'TORCH_NCCL_ASYNC_ERROR_HANDLING', 'OMP_NUM_THREADS')
@@ -97,7 +97,7 @@ def _from_agent(k:str) -> bool: return k in _AGENT_VARIABLES or k.startswith('TO
 _forked_jobs = {}   # folder -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(folder) -> tuple:
-    "`(fn, args, env, threads, launcher_pid)`: what the launch in `folder` gave its replicas."
+    "`(fn, args, env, threads, launcher_pid, method)`: what the launch in `folder` gave its replicas."
     if str(folder) in _forked_jobs: return _forked_jobs[str(folder)]
     import cloudpickle
     where = json.loads(Path(folder, 'replicas.json').read_text())
@@ -105,6 +105,11 @@ def _load_job(folder) -> tuple:
     return cloudpickle.loads(Path(folder, 'replicas.pkl').read_bytes())
 
 _watched = []   # (this process's watch, once)
+_launcher = []  # (the process that launched this replica, where fastai_xla's launcher did)
+
+def launcher_pid() -> int|None:
+    "The process id of the process whose `learn.launch` or `spawn` started this replica process (None: not started so)."
+    return _launcher[0] if _launcher else None
 
 def watch_launcher(pid:int|None=None, interval:float=0.5):
     "End this process as soon as the process `pid` (default: its parent, as it is now) is gone: a replica whose launcher was killed (a restarted kernel, `kill -9`) lets go of its device."
@@ -119,12 +124,23 @@ def watch_launcher(pid:int|None=None, interval:float=0.5):
     _watched.append(threading.Thread(target=watch, daemon=True, name='fastai_xla launcher watch'))
     _watched[0].start()
 
+def _print_where_the_launcher_does(pid:int):
+    "Point this process's standard output and error where the launching process's point now (a fork server's child has the server's, from when it started: a notebook's or a test's capture may have moved since)."
+    for fd in (1, 2):
+        try: target = os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY | os.O_APPEND)
+        except OSError: continue                          # (no /proc, or a socket: the server's output stays)
+        os.dup2(target, fd); os.close(target)
+
 def replica_main(folder) -> int:
     "A replica process's whole life under torch's agent: the job of the launch in `folder`, in each of its replicas; its exit status."
     try:
         reset_signals()
-        fn, args, env, threads, launcher = _load_job(folder)
+        fn, args, env, threads, launcher, method = _load_job(folder)
+        _launcher[:] = [launcher]
+        if method == 'forkserver': _print_where_the_launcher_does(launcher)
         agents = {k: v for k, v in os.environ.items() if _from_agent(k)}
+        for ours, torchs in (('FASTAI_XLA_LOCAL_RANK', 'LOCAL_RANK'), ('FASTAI_XLA_LOCAL_WORLD_SIZE', 'LOCAL_WORLD_SIZE')):
+            if ours in env: agents[torchs] = env[ours]        # (a launcher that gave its replicas their host-local place: tests play a pod's hosts so)
         os.environ.clear(); os.environ.update({**env, **agents})
         watch_launcher(launcher)
         base = current_settings()
@@ -234,7 +250,7 @@ def wait_for_agent(done:threading.Event, pids, tick=None, grace:float=5.) -> dic
     if tick is not None: tick()
     return passed
 
-# %% ../nbs/00f_agent.ipynb #49e1f61d
+# %% ../nbs/00f_agent.ipynb #5638f522
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def fork_server_preload(runtime_modules=()) -> list:
@@ -271,10 +287,9 @@ class ElasticLauncher(Launcher):
     def _write_job(self, folder:Path, fn, args, nprocs:int, method:str):
         runtime = backend_named(self.settings.backend).runtime
         secret = self.settings.secret or secrets.token_hex(16)   # (one per launch: other users of this machine reach loopback too)
-        ours = replica_env(self.settings.with_(rank=None, world_size=None, master_addr=None, master_port=None, store_addr=None,
-                                               local_rank=None, local_world_size=None, secret=secret))
+        ours = replica_env(self.settings.with_(rank=None, world_size=None, master_addr=None, master_port=None, store_addr=None, secret=secret))
         env = {**{k: v for k, v in os.environ.items() if not _from_agent(k) and k not in SETTINGS_VARIABLES}, **ours}
-        job = (fn, tuple(args), env, self.threads, os.getpid())
+        job = (fn, tuple(args), env, self.threads, os.getpid(), method)
         if method in ('fork', 'forkserver'): runtime.preload()   # (what each replica imports: inherited, not imported n times)
         if method == 'fork': _forked_jobs[str(folder)] = job; return
         import cloudpickle
@@ -307,13 +322,19 @@ class ElasticLauncher(Launcher):
             if 'error' in out: raise out['error']
             result = out['result']
             if result.is_failed():
-                raise ReplicasFailed(_records(result, folder/'agent'), min(result.failures), 'at' in passed, nprocs * self.threads)
+                records = _records(result, folder/'agent')
+                raise ReplicasFailed(records, first_failure(records, min(result.failures)), 'at' in passed, nprocs * self.threads)
         finally:
             _forked_jobs.pop(str(folder), None)
             self.agent = None
             if own:
                 import shutil; shutil.rmtree(folder, ignore_errors=True)
 
+
+def first_failure(records:dict, seen_first:int) -> int:
+    "The replica whose error came first (by the time each recorded it), else `seen_first`, the one the launcher saw end first: others that ended as it did (a collective broken by its end) come after."
+    timed = [(r.error['at'], k) for k, r in records.items() if r.error and r.error.get('at') is not None]
+    return min(timed)[1] if timed else seen_first
 
 def _records(result, logs:Path) -> dict:
     "Every replica's record: the agent's failure (the first to end badly: status and error), and the error files the others wrote (the last attempt's)."

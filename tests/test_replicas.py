@@ -94,21 +94,22 @@ def test_shards_are_disjoint_and_cover_the_data(two_replicas):
     assert firsts[0] != firsts[1]
 
 def what_a_stranger_reaches() -> dict:
-    "In a replica, with its store and gloo's links open: the TCP ports it listens on, and which a stranger at this machine's network address reaches."
-    addr, mine = network_address(), listening_addresses()
-    return dict(listening=mine, from_network=[addr is not None and not refused_from(addr, port) for _, port in mine],
-                from_loopback=[not refused_from('127.0.0.1', port) for _, port in mine], network=addr)
+    "In a replica, with its store and gloo's links open: the TCP ports it and its launcher (torch's agent, which serves the store) listen on, and which a stranger at this machine's network address reaches."
+    from fastai_xla.agent import launcher_pid
+    addr, mine, launcher = network_address(), listening_addresses(), listening_addresses(launcher_pid())
+    return dict(listening=mine, from_network=[addr is not None and not refused_from(addr, port) for _, port in mine + launcher],
+                from_loopback=[not refused_from('127.0.0.1', port) for _, port in mine], network=addr, launcher=launcher)
 
 def test_a_single_host_launch_opens_nothing_beyond_loopback(two_replicas):
-    """Every port a replica of a single-host launch listens on (the master's meeting store, gloo's links: found in the kernel's
-    socket tables by the replica's own sockets) is bound to loopback, and refuses a connection from the machine's network
+    """Every port a replica of a single-host launch and its launcher listen on (gloo's links; the store torch's agent serves in
+    the launching process: found in the kernel's socket tables by the processes' own sockets) is bound to loopback, and refuses a connection from the machine's network
     address while the run is alive. (gloo's links listen where the machine's name resolves to: 127.0.0.1 on this machine, so
     only the store's binding could be seen to fail here; on a cloud VM the name gives its network address.)"""
     learn, res, reps = two_replicas
     if reps[0]['reach']['network'] is None: pytest.skip('this machine has no network address apart from loopback')
-    assert reps[0]['reach']['listening'], reps[0]                        # (the master serves the store: it listens)
+    assert reps[0]['reach']['listening'] and reps[0]['reach']['launcher'], reps[0]   # (gloo's links; torch's agent serves the store)
     for r in reps:
-        assert all(ip in ('127.0.0.1', '::1') for ip, _ in r['reach']['listening']), r['reach']
+        assert all(ip in ('127.0.0.1', '::1') for ip, _ in r['reach']['listening'] + r['reach']['launcher']), r['reach']
         assert not any(r['reach']['from_network']) and all(r['reach']['from_loopback']), r['reach']
 
 def test_replicas_end_with_identical_weights_which_come_back(two_replicas):

@@ -127,7 +127,7 @@ class StartedAgain(Callback):
                   "attempt stopped, add `cbs=ResumeCallback(name)` and `start_epoch=learn.load_resume(name, missing_ok=True)` to the fit.",
                   file=sys.stderr, flush=True)
 
-# %% ../nbs/04_distributed.ipynb #d9b32c42
+# %% ../nbs/04_distributed.ipynb #c9e30b53
 _ENDED_BY_SIGTERM = {PREEMPTED_STATUS, -signal.SIGTERM, INTERRUPTED_STATUS, None}   # (stopped after a vote, by the signal, by the launcher)
 _STOPPED_OUTSIDE_FIT = ("fastai_xla: preempted (SIGTERM to the launching process): the replicas stopped outside a fit (nothing saved).")
 
@@ -153,7 +153,9 @@ def _as_itself(e:ReplicasFailed) -> BaseException|None:
 def ended(e:ReplicasFailed) -> BaseException:
     "What a run whose replicas ended badly raises, decided from their records (`e`): `Preempted`, the first failure's own error, or `e`."
     first = e.records[e.first]
-    if first.status == PREEMPTED_STATUS: return Preempted(first.error['message'] if first.error else _STOPPED_OUTSIDE_FIT)
+    if first.status == PREEMPTED_STATUS:   # (what the master said, as a script's replicas show it: where it stopped, what it saved)
+        said = next((r.error['message'] for r in (e.records.get(0), first) if r is not None and r.error and r.status == PREEMPTED_STATUS), None)
+        return Preempted(said or _STOPPED_OUTSIDE_FIT)
     if e.sigterm and all(r.status in _ENDED_BY_SIGTERM and r.error is None for r in e.records.values()):
         return Preempted(_STOPPED_OUTSIDE_FIT)
     return _as_itself(e) or e

@@ -36,6 +36,7 @@ ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed pack
     'test_checkpoint.py': ['test_export_opens_where_torch_xla_is_not_installed', 'test_save_on_the_master_only_neither_hangs_nor_breaks_load',
         'test_full_disk_keeps_the_previous_checkpoint'],
     'test_notebooks.py': ['test_notebook[00_backend]', 'test_notebook[13_models]'],  # every torch_xla name we use, module versions (torchvision's)
+    'test_torchrun.py': ['test_torchrun_standalone_is_one_run[torch_xla]'],   # torch's launcher and elastic agent, as each torch has them
 }
 # Colab's stack has the development stack's torch_xla (2.9) with the newest fastai and Python 3.13: there runs what fastai's
 # version decides (its private API, data, callbacks, training features) and what Python's does (pickling, processes). What
@@ -93,6 +94,9 @@ SLOW['test_launch.py'] = {
 SLOW['test_preemption.py'] = {
     'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
         "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}
+SLOW['test_torchrun.py'] = {
+    'test_the_multi_node_form[2]': "torchrun's agents meeting through c10d: torch's own; each process's place, the agents' store, the "
+        "run's secret: test_torchrun_standalone_is_one_run, 00_settings, 00c_replicas"}
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
                              "classifier and language model on the XLA device), in the default run and on Colab's stack"}
 

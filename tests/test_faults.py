@@ -196,9 +196,10 @@ if __name__ == '__main__':
 @pytest.mark.parametrize('start_method', ['fork', 'forkserver'])
 def test_a_killed_launcher_leaves_no_replica_running(tmp_path, start_method):
     """The process that called `learn.launch` is SIGKILLed (a restarted notebook kernel, a stopped Kaggle session): its
-    replicas, re-parented, notice within a second and end; the job folder it left is removed by the next launch
-    (`04a_launch`'s `remove_stale_jobs`, tested there). Forked by the launcher, or by its fork server (a notebook that
-    used the device launches that way): the server notices its launcher gone and ends, and its replicas notice it."""
+    replicas notice within a second and end; the job folder it left is removed by the next launch (`04a_launch`'s
+    `remove_stale_jobs`, tested there). Forked by the launcher (torch's agent sets their parent-death signal), or by
+    Python's fork server (a notebook that used the device launches that way), whose replicas outlive it (they hold its
+    pipe, and their parent, the server, lives on): fastai_xla's watch of the launching process ends them, then the server ends."""
     (tmp_path/'launch.py').write_text(f'import sys; sys.path.insert(0, {str(TESTS)!r})\n' + ORPHANED.format(start_method=start_method))
     launcher = subprocess.Popen([sys.executable, 'launch.py'], cwd=tmp_path, stdout=open(tmp_path/'out.txt', 'w'),
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -218,5 +219,6 @@ def test_a_killed_launcher_leaves_no_replica_running(tmp_path, start_method):
     assert not left, f'replicas or their fork server {left} still run {seconds:.0f} s after their launcher was killed'
     fault_row('the process that called `learn.launch` killed (SIGKILL: a restarted kernel, a stopped session)'
               + (', its replicas forked by its fork server' if start_method == 'forkserver' else ''),
-              'every replica ends: `fastai_xla: this replica (pid ...) stops: the process that started it (pid ...) is gone.`; '
+              'every replica ends (' + ("at torch's parent-death signal" if start_method == 'fork' else
+              '`fastai_xla: this replica (pid ...) stops: the process that launched it (pid ...) is gone.`') + '); '
               'the next launch removes the job folder it left', seconds, 'the launch in progress (resume from the last checkpoint)')

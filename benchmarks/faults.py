@@ -1,7 +1,7 @@
 """The fault table: every fault the tests cause for real, what the user sees, how long it took, what was lost.
 
 Runs the fault tests (tests/test_faults.py, tests/test_preemption.py, tests/test_signals.py, tests/test_security.py, the
-full-disk test of tests/test_checkpoint.py, four of tests/test_launch.py, three of tests/test_torchrun.py) with
+full-disk test of tests/test_checkpoint.py, four of tests/test_launch.py, one of tests/test_replicas.py, three of tests/test_torchrun.py) with
 FASTAI_XLA_FAULT_TABLE set: each writes its row when it passes. Then prints the table (markdown). About 16 minutes.
 
     PJRT_DEVICE=CPU python benchmarks/faults.py
@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ['tests/test_faults.py', 'tests/test_preemption.py', 'tests/test_checkpoint.py::test_full_disk_keeps_the_previous_checkpoint',
          'tests/test_launch.py::test_a_launch_after_an_eager_fit_trains', 'tests/test_launch.py::test_sigterm_to_a_forked_replica_stops_the_run',
          'tests/test_launch.py::test_what_a_launch_says_when_it_cannot_go_on', 'tests/test_signals.py', 'tests/test_security.py',
+         'tests/test_replicas.py::test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',
          'tests/test_torchrun.py::test_a_replica_killed_under_max_restarts_resumes_and_ends_its_epochs',
          'tests/test_torchrun.py::test_a_replica_killed_without_restarts_ends_the_run_named',
          'tests/test_torchrun.py::test_sigterm_to_torchrun_stops_every_replica_after_the_same_step']

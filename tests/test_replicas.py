@@ -174,11 +174,14 @@ def test_callbacks_and_lr_find_keep_replicas_identical(tmp_path):
     assert (tmp_path/'models'/'best.pth').exists()
 
 class BreakMidEpoch(Callback):
+    def __init__(self, out_dir=None): self.out_dir = out_dir
     def after_batch(self):
-        if replica_ordinal() == 1 and self.epoch == 1 and self.iter == 5: raise ValueError('replica 1 breaks on purpose')
+        if replica_ordinal() == 1 and self.epoch == 1 and self.iter == 5:
+            if self.out_dir: Path(self.out_dir, 'raised').write_text(repr(time.time()))
+            raise ValueError('replica 1 breaks on purpose')
 
-def fails_on_replica_1(learn):
-    learn.fit(3, cbs=BreakMidEpoch())
+def fails_on_replica_1(learn, out_dir=None):
+    learn.fit(3, cbs=BreakMidEpoch(out_dir))
 
 def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback(tmp_path, monkeypatch):
     "Replica 0 is then waiting for replica 1's gradients: it must be stopped, not left hanging. Asked to, the launch keeps its files."
@@ -186,13 +189,17 @@ def test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback(tmp_
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))          # where the launch makes its job directory
     learn = indexed_learner(bs=32)
     t = time.time()
-    with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, nprocs=2, transport='gloo', keep_failed_job=True)
+    with pytest.raises(RuntimeError) as e: learn.launch(fails_on_replica_1, str(tmp_path), nprocs=2, transport='gloo', keep_failed_job=True)
     assert time.time() - t < 60
+    took = time.time() - float((tmp_path/'raised').read_text())
     assert str(e.value).startswith('replica 1 (exit status 1): ValueError') and 'replica 1 breaks on purpose' in str(e.value), str(e.value)
     assert 'Traceback' in str(e.value)                              # (its traceback, from torch's agent's record of it)
-    kept = list(tmp_path.glob('fastai_xla-*'))
+    kept = list(tmp_path.glob('fastai_xla-*'))   # (the launch's folder, beside the file 'raised')
     records = list(kept[0].glob('agent/*/attempt_0/1/error.json')) if len(kept) == 1 else []
     assert len(records) == 1 and 'replica 1 breaks on purpose' in records[0].read_text()   # (the record, in torch's format)
+    fault_row('a replica raises mid-epoch under `learn.launch` (torch\'s elastic agent)', "torch's agent stops the other at once; "
+              '`ReplicasFailed: replica 1 (exit status 1): ValueError: ...` and its traceback, from the agent\'s record of it',
+              took, 'the epoch in progress')
 
 def returns_its_count(learn): return replica_count()   # and fits nothing: no Recorder history to bring back
 

@@ -23,6 +23,22 @@ def test_tabular_with_embeddings_matches_eager_cpu():
     assert acc_xla > 0.9, acc_xla
     assert abs(acc_xla - acc_cpu) <= 0.02, (acc_cpu, acc_xla)
 
+def test_new_loaders_on_a_converted_learner_train():
+    """`learn.dls = other` on a converted learner (issue 58): the new loaders become this run's XLA loaders, and the next fit
+    trains the model on the device. Before, fastai's `TrainEvalCallback` moved the model to the host with them: its
+    parameters left the optimizer's behind, and the second fit moved the weights by 0.0, silently."""
+    learn = tabular_digits_learner().to_xla(seed=0)
+    learn.fit_one_cycle(2, 1e-2)
+    other = tabular_digits_learner(bs=32).dls
+    learn.dls = other
+    before = [to_host(p).clone() for p in learn.model.parameters()]
+    learn.fit_one_cycle(2, 1e-3)
+    assert learn.dls.cpu_dls is other and all(on_train_device(p) for p in learn.model.parameters())
+    stepped = {id(p) for pg in learn.opt.param_lists for p in pg}
+    assert all(id(p) in stepped for p in learn.model.parameters())           # the optimizer steps the model's own parameters
+    moved = max((to_host(p) - b).abs().max().item() for p, b in zip(learn.model.parameters(), before))
+    assert moved > 1e-4 and final(learn, 'accuracy') > 0.9, (moved, final(learn, 'accuracy'))
+
 def test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1():
     counts = EpochCounters()
     learn = digits_learner(cbs=counts).to_xla(seed=0)

@@ -90,7 +90,8 @@ SLOW['test_tpu_path.py'] = {
         "(the same ReplicaProcesses); one progress table from a script's replicas: test_launch.py's script forms"}
 SLOW['test_launch.py'] = {
     'test_launch_a_function_defined_in_main[gloo-2-spawn]': "a launch with spawn from a script's main: test_a_launch_after_an_eager_fit_trains "
-        '(spawned after the fork fails; the learner, its loaders and the function pickled)'}
+        '(spawned after the fork fails; the learner, its loaders and the function pickled)',
+    'test_launches_in_a_row_leave_the_memory_where_it_was[fork]': "the same launches' memory: the [forkserver] case (a notebook's way)"}
 SLOW['test_preemption.py'] = {
     'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
         "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}

@@ -87,7 +87,7 @@ SLOW['test_readme.py'] = {
     'test_readme_snippet_runs_as_written[spmd]': 'to_tpu_spmd: test_spmd.py (the same calls on the digits)'}
 SLOW['test_tpu_path.py'] = {
     'test_eight_replicas_from_a_script': "8 replicas forked, gloo, shards, exact metrics, one checkpoint: test_eight_replicas_from_a_notebook "
-        "(the same ReplicaProcesses); one progress table from a script's replicas: test_launch.py's script forms"}
+        "(the same ElasticLauncher); one progress table from a script's replicas: test_launch.py's script forms"}
 SLOW['test_launch.py'] = {
     'test_launch_a_function_defined_in_main[gloo-2-spawn]': "a launch with spawn from a script's main: test_a_launch_after_an_eager_fit_trains "
         '(spawned after the fork fails; the learner, its loaders and the function pickled)',

@@ -12,132 +12,178 @@ from fastai.optimizer import (Optimizer, OptimWrapper, Lookahead, weight_decay, 
 from .core import swap_class
 
 # %% auto #0
-__all__ = ['grouped_twins', 'grads', 'state_list', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group',
-           'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step',
-           'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin',
-           'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer', 'radam_rectifies',
-           'step_phase']
+__all__ = ['grouped_twins', 'picked', 'replaced', 'step_numbers', 'GroupStep', 'decay_group', 'l2_group', 'average_grad_group',
+           'average_sqr_grad_group', 'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step',
+           'debiased_by_step', 'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights',
+           'grouped_twin', 'GroupedOptimizer', 'can_group', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
+           'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #6298ba20
-def grads(ps): return [p.grad for p in ps]
+# %% ../nbs/02a_optimizer.ipynb #eaae8359
+def picked(xs:list, ix:list) -> list: return [xs[i] for i in ix]
 
-def state_list(ps, states, key:str) -> list:
-    "The state `key` of each parameter, zeros like its gradient the first time (fastai's initial moving averages)."
-    for p, s in zip(ps, states):
-        if s.get(key) is None: s[key] = torch.zeros_like(p.grad)
-    return [s[key] for s in states]
+def replaced(xs:list, ix:list, new:list) -> list:
+    "A copy of `xs` with the items at `ix` replaced by `new`."
+    xs = list(xs)
+    for i, x in zip(ix, new): xs[i] = x
+    return xs
 
-def _decayed(ps, states): return [p for p, s in zip(ps, states) if s.get('do_wd', True)]
+def step_numbers(device:torch.device):
+    "How a step's numbers reach `device`: as 0-dim tensors of their own on a lazy (XLA) device, else as Python numbers."
+    if device.type != 'xla': return float
+    return lambda x: torch.tensor([float(x)], dtype=torch.float32, device=device).view(())
 
-def decay_group(ps, states, lr, wd, **kwargs):
-    "fastai's `weight_decay`: `p*(1 - lr*wd)`, written `p - (lr*wd)*p` (no Python number that rounds to 1)."
-    if wd == 0: return
-    decayed = _decayed(ps, states)
-    if decayed: torch._foreach_add_(decayed, decayed, alpha=-lr*wd)
+class GroupStep:
+    "One step of one parameter group, computed out of place: each stepper reads and rebinds the new values."
+    def __init__(self, ps:list, states:list):
+        self.ps, self.states, self.number = ps, states, step_numbers(ps[0].device)
+        self.params, self.grads = list(ps), [p.grad for p in ps]   # the new values, the parameters' own until a stepper moves them
+        self.all = list(range(len(ps)))
 
-def l2_group(ps, states, lr, wd, **kwargs):
+    def state(self, key:str, ix=None) -> list:
+        "The state `key` of the parameters at `ix` (all by default), zeros like their gradients the first time (fastai's start)."
+        ix = self.all if ix is None else ix
+        for i in ix:
+            if self.states[i].get(key) is None: self.states[i][key] = torch.zeros_like(self.grads[i])
+        return [self.states[i][key] for i in ix]
+
+    def set_state(self, key:str, values:list, ix=None):
+        for i, v in zip(self.all if ix is None else ix, values): self.states[i][key] = v
+
+    def move(self, ix:list, new:list): self.params = replaced(self.params, ix, new)
+
+    def decayed(self) -> list: return [i for i in self.all if self.states[i].get('do_wd', True)]
+
+    def finish(self):
+        "Copy the new values into the parameters (one operation) and hand back a gradient a stepper changed (`l2_reg`)."
+        moved = [i for i in self.all if self.params[i] is not self.ps[i]]
+        if moved: torch._foreach_copy_(picked(self.ps, moved), picked(self.params, moved))
+        for p, g in zip(self.ps, self.grads):
+            if g is not p.grad: p.grad = g
+
+# %% ../nbs/02a_optimizer.ipynb #6b99909a
+def _scaled_add(xs, ys, c):
+    "`x + c*y` for each pair, out of place."
+    return torch._foreach_add(xs, torch._foreach_mul(ys, c))
+
+def _plus(xs, c):
+    "`x + c` for each `x`. (torch's `_foreach_add(xs, tensor)` reads the tensor's value to the host; a list of it does not.)"
+    return torch._foreach_add(xs, [c] * len(xs)) if isinstance(c, torch.Tensor) else torch._foreach_add(xs, c)
+
+def _lerp(xs, ys, w):
+    "`x + w*(y - x)` for each pair (`_foreach_lerp` with one tensor weight reads it to the host, as `_plus` says)."
+    return torch._foreach_lerp(xs, ys, [w] * len(xs)) if isinstance(w, torch.Tensor) else torch._foreach_lerp(xs, ys, w)
+
+def decay_group(g:GroupStep, lr, wd, **kwargs):
+    "fastai's `weight_decay`: `p*(1 - lr*wd)`, written `p - (lr*wd)*p` (`1 - lr*wd` rounds to 1 in float32 once `lr` is small)."
+    ix = g.decayed() if wd != 0 else []
+    if ix: ps = picked(g.params, ix); g.move(ix, _scaled_add(ps, ps, g.number(-lr*wd)))
+
+def l2_group(g:GroupStep, lr, wd, **kwargs):
     "fastai's `l2_reg`: `wd*p` added to the gradient."
-    if wd == 0: return
-    decayed = _decayed(ps, states)
-    if decayed: torch._foreach_add_(grads(decayed), decayed, alpha=wd)
+    ix = g.decayed() if wd != 0 else []
+    if ix: g.grads = replaced(g.grads, ix, _scaled_add(picked(g.grads, ix), picked(g.params, ix), g.number(wd)))
 
-def average_grad_group(ps, states, mom, dampening=False, **kwargs):
+def average_grad_group(g:GroupStep, mom, dampening=False, **kwargs):
     "fastai's `average_grad`: `grad_avg = mom*grad_avg + (1-mom if dampening else 1)*grad`."
-    avgs = state_list(ps, states, 'grad_avg')
-    if dampening: torch._foreach_lerp_(avgs, grads(ps), 1 - mom)
-    else:
-        torch._foreach_mul_(avgs, mom)
-        torch._foreach_add_(avgs, grads(ps))
+    avgs = g.state('grad_avg')
+    if dampening: new = _lerp(avgs, g.grads, g.number(1 - mom))
+    else: new = torch._foreach_add(torch._foreach_mul(avgs, g.number(mom)), g.grads)
+    g.set_state('grad_avg', new)
 
-def average_sqr_grad_group(ps, states, sqr_mom, dampening=True, **kwargs):
+def average_sqr_grad_group(g:GroupStep, sqr_mom, dampening=True, **kwargs):
     "fastai's `average_sqr_grad`: `sqr_avg = sqr_mom*sqr_avg + (1-sqr_mom if dampening else 1)*grad**2`."
-    sqrs, g = state_list(ps, states, 'sqr_avg'), grads(ps)
-    if dampening: torch._foreach_lerp_(sqrs, torch._foreach_mul(g, g), 1 - sqr_mom)
-    else:
-        torch._foreach_mul_(sqrs, sqr_mom)
-        torch._foreach_addcmul_(sqrs, g, g)
+    sqrs, sq = g.state('sqr_avg'), torch._foreach_mul(g.grads, g.grads)
+    if dampening: new = _lerp(sqrs, sq, g.number(1 - sqr_mom))
+    else: new = torch._foreach_add(torch._foreach_mul(sqrs, g.number(sqr_mom)), sq)
+    g.set_state('sqr_avg', new)
 
-def step_stat_group(ps, states, **kwargs):
+def step_stat_group(g:GroupStep, **kwargs):
     "fastai's `step_stat`: count the steps of each parameter (a Python number, as in fastai)."
-    for s in states: s['step'] = s.get('step', 0) + 1
+    for s in g.states: s['step'] = s.get('step', 0) + 1
 
-def sgd_group(ps, states, lr, **kwargs):
+def sgd_group(g:GroupStep, lr, **kwargs):
     "fastai's `sgd_step`."
-    torch._foreach_add_(ps, grads(ps), alpha=-lr)
+    g.move(g.all, _scaled_add(g.params, g.grads, g.number(-lr)))
 
-def momentum_group(ps, states, lr, **kwargs):
+def momentum_group(g:GroupStep, lr, **kwargs):
     "fastai's `momentum_step`."
-    torch._foreach_add_(ps, state_list(ps, states, 'grad_avg'), alpha=-lr)
+    g.move(g.all, _scaled_add(g.params, g.state('grad_avg'), g.number(-lr)))
 
-def rms_prop_group(ps, states, lr, eps, **kwargs):
+def rms_prop_group(g:GroupStep, lr, eps, **kwargs):
     "fastai's `rms_prop_step`: the gradient's moving average (or the gradient) over `sqrt(sqr_avg) + eps`."
-    num = state_list(ps, states, 'grad_avg') if all('grad_avg' in s for s in states) else grads(ps)
-    torch._foreach_addcdiv_(ps, num, torch._foreach_add(torch._foreach_sqrt(state_list(ps, states, 'sqr_avg')), eps), value=-lr)
+    num = g.state('grad_avg') if all('grad_avg' in s for s in g.states) else g.grads
+    den = _plus(torch._foreach_sqrt(g.state('sqr_avg')), g.number(eps))
+    g.move(g.all, _scaled_add(g.params, torch._foreach_div(num, den), g.number(-lr)))
 
-# %% ../nbs/02a_optimizer.ipynb #fbf0998f
-def by_step(ps, states) -> dict:
-    "`{step: (params, states)}`: the parameters of a group by the number of steps they have taken."
+# %% ../nbs/02a_optimizer.ipynb #c91a86e9
+def by_step(states) -> dict:
+    "`{step: indices}`: the parameters of a group (their indices) by the number of steps they have taken."
     res = {}
-    for p, s in zip(ps, states):
-        pp, ss = res.setdefault(s['step'], ([], []))
-        pp.append(p); ss.append(s)
+    for i, s in enumerate(states): res.setdefault(s['step'], []).append(i)
     return res
 
-def debiased_by_step(ps, states, mom, sqr_mom):
-    "`(step, d1, d2, params, states)` for each step count in the group: the Adam family's debias terms of that step."
-    for step, (pp, ss) in by_step(ps, states).items():
-        yield step, debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step), pp, ss
+def debiased_by_step(g:GroupStep, mom, sqr_mom):
+    "`(step, d1, d2, indices)` for each step count in the group: the Adam family's debias terms of that step."
+    for step, ix in by_step(g.states).items():
+        yield step, debias(mom, 1-mom, step), debias(sqr_mom, 1-sqr_mom, step), ix
 
-def _root_mean_sqr(sqrs, d2, eps=0.):
-    "`sqrt(sqr_avg/d2) (+ eps)` of each tensor, as new tensors."
-    den = torch._foreach_sqrt(torch._foreach_div(sqrs, d2))
-    return torch._foreach_add(den, eps) if eps else den
+def _root_mean_sqr(g:GroupStep, ix, d2, eps=None):
+    "`sqrt(sqr_avg/d2) (+ eps)` of the parameters at `ix`, as new tensors."
+    den = torch._foreach_sqrt(torch._foreach_div(g.state('sqr_avg', ix), g.number(d2)))
+    return den if eps is None else _plus(den, g.number(eps))
 
-def adam_group(ps, states, lr, mom, sqr_mom, eps, **kwargs):
+def _step_by(g:GroupStep, ix, num, den, c):
+    "Move the parameters at `ix` by `c*num/den`."
+    g.move(ix, _scaled_add(picked(g.params, ix), torch._foreach_div(num, den), c))
+
+def adam_group(g:GroupStep, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `adam_step`."
-    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
-        den = _root_mean_sqr([s['sqr_avg'] for s in ss], d2, eps)
-        torch._foreach_addcdiv_(pp, [s['grad_avg'] for s in ss], den, value=-lr/d1)
+    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+        _step_by(g, ix, g.state('grad_avg', ix), _root_mean_sqr(g, ix, d2, eps), g.number(-lr/d1))
 
-def radam_group(ps, states, lr, mom, sqr_mom, eps, beta, **kwargs):
+def radam_group(g:GroupStep, lr, mom, sqr_mom, eps, beta, **kwargs):
     "fastai's `radam_step`: Adam with the variance rectified once it can be (`r > 5`: a Python test of the step count)."
-    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
+    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
         r_inf = 2/(1-sqr_mom) - 1
         r = r_inf - 2*step*sqr_mom**step/(1-sqr_mom**step)
-        avgs = [s['grad_avg'] for s in ss]
+        avgs = g.state('grad_avg', ix)
         if r > 5:
             v = ((r-4) * (r-2) * r_inf / ((r_inf-4) * (r_inf-2) * r)) ** 0.5
-            den = _root_mean_sqr([s['sqr_avg'] for s in ss], d2, eps)
+            den = _root_mean_sqr(g, ix, d2, eps)
             if beta: den = [F.softplus(d, beta) for d in den]
-            torch._foreach_addcdiv_(pp, avgs, den, value=-lr*v/d1)
-        else: torch._foreach_add_(pp, avgs, alpha=-lr/d1)
+            _step_by(g, ix, avgs, den, g.number(-lr*v/d1))
+        else: g.move(ix, _scaled_add(picked(g.params, ix), avgs, g.number(-lr/d1)))
 
-def qhadam_group(ps, states, lr, mom, sqr_mom, eps, nu_1, nu_2, **kwargs):
+def qhadam_group(g:GroupStep, lr, mom, sqr_mom, eps, nu_1, nu_2, **kwargs):
     "fastai's `qhadam_step`: quasi-hyperbolic mixes of the gradient and its moving averages."
-    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
-        g = grads(pp)
-        num = torch._foreach_add(torch._foreach_mul(g, 1-nu_1), torch._foreach_mul([s['grad_avg'] for s in ss], nu_1/d1))
-        sq = torch._foreach_add(torch._foreach_mul(torch._foreach_mul(g, g), 1-nu_2),
-                                torch._foreach_mul([s['sqr_avg'] for s in ss], nu_2/d2))
-        torch._foreach_addcdiv_(pp, num, torch._foreach_add(torch._foreach_sqrt(sq), eps), value=-lr)
+    n = g.number
+    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+        gr = picked(g.grads, ix)
+        num = _scaled_add(torch._foreach_mul(gr, n(1-nu_1)), g.state('grad_avg', ix), n(nu_1/d1))
+        sq = _scaled_add(torch._foreach_mul(torch._foreach_mul(gr, gr), n(1-nu_2)), g.state('sqr_avg', ix), n(nu_2/d2))
+        _step_by(g, ix, num, _plus(torch._foreach_sqrt(sq), n(eps)), n(-lr))
 
-# %% ../nbs/02a_optimizer.ipynb #34229500
-def lamb_group(ps, states, lr, mom, sqr_mom, eps, **kwargs):
+# %% ../nbs/02a_optimizer.ipynb #383ecd73
+def lamb_group(g:GroupStep, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `lamb_step`, with its trust ratio chosen on the device."
-    for step, d1, d2, pp, ss in debiased_by_step(ps, states, mom, sqr_mom):
-        for p, s in zip(pp, ss):
+    n = g.number
+    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+        c1, c2, e, c = n(d1), n(d2), n(eps), n(-lr)
+        new = []
+        for p, avg, sqr in zip(picked(g.params, ix), g.state('grad_avg', ix), g.state('sqr_avg', ix)):
             r1 = p.pow(2).mean().sqrt()
-            u = (s['grad_avg']/d1) / ((s['sqr_avg']/d2).sqrt() + eps)
+            u = (avg/c1) / ((sqr/c2).sqrt() + e)
             r2 = u.pow(2).mean().sqrt()
             q = torch.where((r1 == 0) | (r2 == 0), torch.ones_like(r1), (r1/r2).clamp(max=10))
-            p.add_(u * q, alpha=-lr)
+            new.append(p + u*q*c)
+        g.move(ix, new)
 
 # %% ../nbs/02a_optimizer.ipynb #b38bee43
 def decay_weights(p, lr, wd, do_wd=True, **kwargs):
     "fastai's decoupled weight decay, `p*(1 - lr*wd)`, as `p - (lr*wd)*p`: no Python number that rounds to 1 on the device."
     if do_wd and wd != 0: p.data.add_(p.data, alpha=-lr*wd)
 
-# %% ../nbs/02a_optimizer.ipynb #b96dea43
+# %% ../nbs/02a_optimizer.ipynb #f735b682
 grouped_twins = {weight_decay: decay_group, decay_weights: decay_group, l2_reg: l2_group,
                  average_grad: average_grad_group, average_sqr_grad: average_sqr_grad_group, step_stat: step_stat_group,
                  sgd_step: sgd_group, momentum_step: momentum_group, rms_prop_step: rms_prop_group, adam_step: adam_group,
@@ -158,8 +204,9 @@ class GroupedOptimizer(Optimizer):
         for pg, hyper in zip(self.param_lists, self.hypers):
             ps = [p for p in pg if p.grad is not None]
             if not ps: continue
-            states = [self.state[p] for p in ps]
-            for twin, kw in twins: twin(ps, states, **{**kw, **hyper})   # (they update the state dicts in place)
+            step = GroupStep(ps, [self.state[p] for p in ps])
+            for twin, kw in twins: twin(step, **{**kw, **hyper})
+            step.finish()
 
     def zero_grad(self):
         for pg in self.param_lists:

@@ -2,7 +2,7 @@
 data. Covers fastai_xla's single-device path end to end: device placement, optimizer
 re-binding, graph boundaries, padding, device-side metrics, checkpoints. Every comparison
 with eager training runs the same seed and schedule on torch's CPU device."""
-import warnings
+import sys, warnings
 import pytest, torch
 from helpers import *
 
@@ -101,6 +101,21 @@ def test_fastai_schedules_compile_in_the_first_epoch_only(schedule):
     assert all(c == 0 for fit in late for c in fit), (schedule, late)
     assert not [w for w in caught if issubclass(w.category, XLAPerformanceWarning)], [str(w.message) for w in caught]
     assert final(learn, 'accuracy') > 0.6      # it learned (fine_tune with a random-init body: 0.66 on eager CPU)
+
+def test_two_step_epochs_compile_in_the_first_epoch_only():
+    """Issue 58, finding 3: with 2 training steps an epoch, fit_one_cycle's momentum passes 0.9 in epoch 1, where Adam's
+    `1 - mom` (0.1) equalled BatchNorm's momentum (0.1); torch_xla's cache of Python numbers gave both one graph input,
+    a graph of its own that compiled in epoch 1 ([4, 1, 0, 0]). The grouped step now sends its numbers as tensors."""
+    counts = FitCounters()
+    learn = tabular_digits_learner(bs=718).to_xla(seed=0)
+    learn.add_cb(counts)
+    assert len(learn.dls.train) == 2
+    with warnings.catch_warnings(record=True) as caught, learn.no_bar(), learn.no_logging():
+        warnings.simplefilter('always')
+        learn.fit_one_cycle(4, 1e-2)
+    compiles = [e['compiles'] for e in counts.fits[0]]
+    assert compiles[0] > 0 and compiles[1:] == [0, 0, 0], compiles
+    assert not [w for w in caught if issubclass(w.category, XLAPerformanceWarning)], [str(w.message) for w in caught]
 
 def test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches():
     reads = {}
@@ -230,22 +245,33 @@ def test_predict_and_show_results():
     assert str(cls) == item[1] or probs.max() < 0.99
     learn.show_results(max_n=4)
 
+def python_calls(f) -> int:
+    "Python calls (Python and C functions) made in this thread by `f()`: the host's work, counted exactly."
+    n = [0]
+    def count(frame, event, arg):
+        if event in ('call', 'c_call'): n[0] += 1
+    sys.setprofile(count)
+    try: f()
+    finally: sys.setprofile(None)
+    return n[0]
+
 def test_fastai_adam_grouped_on_xla_steps_as_fastais_own():
-    "fastai's default Adam on an XLA learner steps grouped (GroupedOptimizer) and lands where fastai's own step does."
+    """fastai's default Adam on an XLA learner steps grouped (GroupedOptimizer), out of place, and lands where fastai's
+    own step does, for a fraction of its host work (each in-place operation on an XLA tensor runs PyTorch's Python meta
+    functions: most of fastai's own step's calls)."""
     from fastai.optimizer import Optimizer
     from fastai_xla.optimizer import GroupedOptimizer
-    import torch_xla.debug.metrics as met
-    ops = lambda: sum(met.counter_value(k) for k in met.counter_names() if k.startswith('xla::'))
-    learners, traced = {}, {}
+    learners, calls = {}, {}
     for grouped in (True, False):
         learn = digits_learner().to_xla(seed=0, grouped_steps=grouped)
-        learn.fit_one_cycle(1, 1e-2)
-        before = ops(); learn.fit_one_cycle(1, 1e-2); traced[grouped] = ops() - before
+        with learn.no_bar(), learn.no_logging():
+            learn.fit_one_cycle(1, 1e-2)
+            calls[grouped] = python_calls(lambda: learn.fit_one_cycle(1, 1e-2))
         assert type(learn.opt) is (GroupedOptimizer if grouped else Optimizer)
         learners[grouped] = learn
     for a, b in zip(learners[True].model.parameters(), learners[False].model.parameters()):
         assert torch.allclose(to_host(a.detach()), to_host(b.detach()), atol=1e-4, rtol=1e-3)
-    assert traced[True] < 0.8 * traced[False], traced   # an epoch's training and validation, all traced operations
+    assert calls[True] < 0.7 * calls[False], calls   # an epoch's training and validation, every call of this thread
 
 TABULAR_USER = '''
 import sys

@@ -19,9 +19,12 @@ Text (`AWD_LSTM`) has its own script, `text.py`.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
-at the end (validation loss for collab) on each; then the host's work per training step, counted over one more
-epoch after the timed fit (as `bench.py --counts` counts it): XLA operations traced, and Python calls (every
-thread, the loaders' workers aside: they are other processes) on eager CPU and on XLA, and their ratio. Counts are exact and repeat from run to run; times are this
+at the end (validation loss for collab) on each; then the host's work per training step, in two more epochs after
+the timed fit (as `bench.py --counts` measures it): XLA operations traced, Python calls (every thread, the loaders'
+workers aside: they are other processes) on eager CPU and on XLA, their ratio and which packages make XLA's; the main
+thread's CPU time per step (an epoch without the profiler) on eager CPU, on XLA, and, for `vision` and `tabular`, in
+the hand-written torch_xla loop of `reference_loop.py` (torch Adam, `MpDeviceLoader`) on the recipe's own model, items
+and batch size, without augmentation, and XLA's ratio to it. Counts are exact and repeat from run to run; times are this
 machine's: the CPU XLA device runs convolutions much slower than PyTorch's CPU kernels, so the time ratio says
 nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure).
 `resnet18` is fastai's architecture with random weights (`pretrained=False`: this machine has no internet)."""
@@ -32,7 +35,8 @@ from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
 from fastai_xla.all import *
-from bench import StepCounts, _counting_callback
+from bench import measure_host, StepCounts, host_and_calls, top_packages
+from reference_loop import train_reference
 from fastai_xla.demo import (digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes,
                              digits_ratings_frame, digits_frame)
 
@@ -110,9 +114,26 @@ def run(recipe, out, epochs, on_xla):
     if on_xla: learn = learn.to_tpu_distributed()
     stats = EpochStats(on_xla)
     with learn.no_bar(), learn.no_logging(): getattr(learn, FITS.get(recipe, 'fit_one_cycle'))(epochs, lr, cbs=stats)
-    value, counts = final(learn, metric), StepCounts()
-    with learn.no_bar(), learn.no_logging(): learn.fit(1, lr / 10, cbs=_counting_callback(counts, epoch=0))
-    return stats.epochs, value, metric, counts.per_step()
+    value = final(learn, metric)
+    return stats.epochs, value, metric, measure_host(learn, lr / 10, first=0)
+
+def tensors_of(dl) -> tuple:
+    "Every batch of `dl` (without its random augmentation: fastai's validation transforms) as CPU tensors, joined."
+    batches = [tuple(t.as_subclass(torch.Tensor).cpu() for t in b) for b in dl]
+    return tuple(torch.cat(ts) for ts in zip(*batches))
+
+HAND_WRITTEN = ('vision', 'tabular')   # the recipes whose model a hand-written loop of torch_xla's examples trains too
+
+def run_hand_written(recipe, out) -> dict:
+    """The recipe's model (a fresh copy), items and batch size in the hand-written torch_xla loop (`reference_loop.py`,
+    torch Adam, no augmentation): its host time per step (epoch 1) and Python calls (epoch 2)."""
+    set_seed(0)
+    learn, metric, lr = RECIPES[recipe](out)
+    dls = learn.dls
+    train, valid = (tensors_of(dls.test_dl(dl.items, with_labels=True)) for dl in (dls.train, dls.valid))
+    timed, counted = StepCounts(profile=False), StepCounts()
+    train_reference(learn.model, train, valid, 3, bs=dls.train.bs, lr=lr, counts={1: timed, 2: counted})
+    return host_and_calls(timed, counted)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -123,15 +144,19 @@ def main():
     if a.epochs < 2: p.error('--epochs must be at least 2: the first epoch compiles and is not timed')
     xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
     print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | '
-          'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager |')
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+          'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager | '
+          'XLA calls by package | host CPU ms / step: eager | XLA | hand-written loop | XLA / loop |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
     for r in a.recipes:
         eager, m_eager, metric, n_eager = run(r, Path(a.out), a.epochs, on_xla=False)
         xla, m_xla, _, n_xla = run(r, Path(a.out), a.epochs, on_xla=True)
+        loop = run_hand_written(r, Path(a.out)) if r in HAND_WRITTEN else None
         t_eager, t_xla = (statistics.median(e['seconds'] for e in es[1:]) for es in (eager, xla))
         print(f"| {r} | {t_eager:.2f} | {t_xla:.2f} | {t_xla / t_eager:.2f} | {xla[0]['compiles']} | "
               f"{sum(e['compiles'] for e in xla[1:])} | {max(e['to_host'] for e in xla)} | {metric} | {m_eager:.4f} | {m_xla:.4f} | "
-              f"{n_xla['xla_ops']:.0f} | {n_eager['py_calls']:.0f} | {n_xla['py_calls']:.0f} | {n_xla['py_calls'] / n_eager['py_calls']:.2f} |",
-              flush=True)
+              f"{n_xla['xla_ops']:.0f} | {n_eager['py_calls']:.0f} | {n_xla['py_calls']:.0f} | {n_xla['py_calls'] / n_eager['py_calls']:.2f} | "
+              f"{top_packages(n_xla['by_package'])} | {n_eager['host_ms']:.1f} | {n_xla['host_ms']:.1f} | "
+              f"{loop['host_ms']:.1f} | {n_xla['host_ms'] / loop['host_ms']:.2f} |" if loop else
+              f"{top_packages(n_xla['by_package'])} | {n_eager['host_ms']:.1f} | {n_xla['host_ms']:.1f} | - | - |", flush=True)
 
 if __name__ == '__main__': main()

@@ -106,17 +106,38 @@ def run_reference(model_name, epochs, spmd=False, bs=64, eager_cpu=False, counts
                            prep=image_prep if model_name == 'cnn' else None, counts=counts)
 
 class StepCounts:
-    "XLA operations traced and Python calls made between `start` and `stop`, in every thread."
-    def __init__(self): self.calls, self.steps = 0, 0
+    """The host's work per training step between `start` and `stop`. With `profile` (the default): XLA operations traced
+    and Python calls made in every thread, by package (the package of the function called; a C function counts for its
+    caller's). Without: the main thread's CPU time and the wall time (a profiler would inflate both), and the XLA
+    operations. Measure both in separate epochs."""
+    def __init__(self, profile:bool=True): self.profile, self.calls, self.steps, self.by_package = profile, 0, 0, {}
     def _count(self, frame, event, arg):
-        if event in ('call', 'c_call'): self.calls += 1
+        if event not in ('call', 'c_call'): return
+        self.calls += 1
+        package = (frame.f_globals.get('__name__') or '?').split('.')[0]
+        self.by_package[package] = self.by_package.get(package, 0) + 1
     def start(self):
-        self.ops0 = xla_ops()
-        threading.setprofile(self._count); sys.setprofile(self._count)
+        self.ops0, self.cpu0, self.wall0 = xla_ops(), time.thread_time(), time.perf_counter()
+        if self.profile: threading.setprofile(self._count); sys.setprofile(self._count)
     def stop(self, steps:int):
-        sys.setprofile(None); threading.setprofile(None)
+        if self.profile: sys.setprofile(None); threading.setprofile(None)
+        self.cpu, self.wall = time.thread_time() - self.cpu0, time.perf_counter() - self.wall0
         self.ops, self.steps = xla_ops() - self.ops0, steps
-    def per_step(self): return dict(xla_ops=self.ops / self.steps, py_calls=self.calls / self.steps, steps=self.steps)
+    def per_step(self) -> dict:
+        res = dict(xla_ops=self.ops / self.steps, steps=self.steps)
+        if not self.profile: return dict(res, host_ms=1e3 * self.cpu / self.steps, wall_ms=1e3 * self.wall / self.steps)
+        return dict(res, py_calls=self.calls / self.steps, by_package={k: v / self.steps for k, v in self.by_package.items()})
+
+def host_and_calls(timed:StepCounts, counted:StepCounts) -> dict:
+    "One record of a run's host time per step (from `timed`) and Python calls per step (from `counted`)."
+    t, c = timed.per_step(), counted.per_step()
+    return dict(c, host_ms=t['host_ms'], wall_ms=t['wall_ms'])
+
+def top_packages(by_package:dict, n:int=4) -> str:
+    "The `n` packages that make the most calls, with their share: 'torch 61%, fastai 22%...'."
+    total = sum(by_package.values()) or 1
+    top = sorted(by_package.items(), key=lambda kv: -kv[1])[:n]
+    return ', '.join(f'{k} {100 * v / total:.0f}%' for k, v in top)
 
 def xla_ops() -> int:
     "XLA operations traced so far: the sum of torch_xla's `xla::` counters."
@@ -166,7 +187,7 @@ def alternate_fits(learn, settings:dict, rounds:int, epochs:int=3) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 def _counting_callback(counts:StepCounts, epoch:int=1):
-    "A callback that counts the training steps of `epoch` into `counts`."
+    "A callback that measures the training steps of `epoch` into `counts`."
     from fastai.callback.core import Callback
     class CountSteps(Callback):
         order = -100   # around everything else of the step
@@ -178,25 +199,30 @@ def _counting_callback(counts:StepCounts, epoch:int=1):
             if self.epoch == epoch: counts.stop(self.n)
     return CountSteps()
 
+def measure_host(learn, lr:float, first:int=1) -> dict:
+    """Fit `learn` `first + 2` epochs: the host's time per training step in epoch `first` (not profiled), its calls
+    in the next (profiled)."""
+    timed, counted = StepCounts(profile=False), StepCounts()
+    cbs = [_counting_callback(timed, first), _counting_callback(counted, first + 1)]
+    with learn.no_bar(), learn.no_logging(): learn.fit(first + 2, lr, cbs=cbs)
+    return host_and_calls(timed, counted)
+
 def run_fastai_xla(model_name, epochs, spmd=False, bs=64, cache_items=False, defaults=False, count=False):
     from fastai_xla.all import xla_device
     if spmd: learn = _fastai_learner(model_name, bs, defaults).to_tpu_spmd(cache_items=cache_items)
     else:
         xla_device()
         learn = _fastai_learner(model_name, bs, defaults).to_tpu_distributed(cache_items=cache_items)
-    if count:
-        counts = StepCounts()
-        with learn.no_bar(), learn.no_logging(): learn.fit(2, 1e-2, cbs=_counting_callback(counts))
-        return counts.per_step()
+    if count: return measure_host(learn, 1e-2)
     timer = _Timer()
     with learn.no_bar(), learn.no_logging(): learn.fit(epochs, 1e-2, cbs=timer.callback())
     return dict(times=timer.times, per_epoch=timer.per_epoch, accuracy=float(learn.recorder.values[-1][-1]))
 
 def count_reference(model_name, spmd=False):
     "The hand-written loop's counts per training step of its second epoch."
-    counts = StepCounts()
-    run_reference(model_name, 2, spmd=spmd, counts=counts)
-    return counts.per_step()
+    timed, counted = StepCounts(profile=False), StepCounts()
+    run_reference(model_name, 3, spmd=spmd, counts={1: timed, 2: counted})
+    return host_and_calls(timed, counted)
 
 def run_fastai_cpu(model_name, epochs):
     "The fastai Learner on PyTorch's own CPU device, without XLA: fastai's own cost next to `reference_cpu`."
@@ -315,15 +341,18 @@ def main():
     for r in rows: print('| ' + ' | '.join(map(str, r)) + ' |')
 
 def print_counts(a):
-    "One table: XLA operations and Python calls per training step of each XLA run, and their ratio to the loop's."
-    head = ('model', 'run', 'XLA ops / step', 'ratio', 'Python calls / step', 'ratio', 'steps counted')
+    """One table: the host's work per training step of each XLA run and its ratio to the loop's: XLA operations traced,
+    Python calls, the main thread's CPU time (and the wall time), and which packages make the calls."""
+    head = ('model', 'run', 'XLA ops / step', 'ratio', 'Python calls / step', 'ratio', 'host CPU ms / step', 'ratio',
+            'wall ms / step', 'calls by package')
     print('| ' + ' | '.join(head) + ' |'); print('|' + '---|'*len(head))
     for model_name in a.models.split(','):
-        ref = run_child('count_reference', model_name, 2, a.timeout)
+        ref = run_child('count_reference', model_name, 3, a.timeout)
         for kind in ('reference', 'fastai_xla', 'fastai_xla_defaults', 'fastai_xla_defaults_cached'):
-            c = ref if kind == 'reference' else run_child('count_' + kind, model_name, 2, a.timeout)
+            c = ref if kind == 'reference' else run_child('count_' + kind, model_name, 3, a.timeout)
             if 'error' in c or 'error' in ref: print(f"| {model_name} | {kind} | {c.get('error') or ref.get('error')} |"); continue
             print(f"| {model_name} | {kind} | {c['xla_ops']:.1f} | {c['xla_ops'] / ref['xla_ops']:.2f} | "
-                  f"{c['py_calls']:.0f} | {c['py_calls'] / ref['py_calls']:.2f} | {c['steps']} |", flush=True)
+                  f"{c['py_calls']:.0f} | {c['py_calls'] / ref['py_calls']:.2f} | {c['host_ms']:.2f} | "
+                  f"{c['host_ms'] / ref['host_ms']:.2f} | {c['wall_ms']:.2f} | {top_packages(c['by_package'])} |", flush=True)
 
 if __name__ == '__main__': main()

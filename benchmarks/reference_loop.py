@@ -29,8 +29,8 @@ def train_reference(model, train:tuple, valid:tuple, epochs:int, prep=None, bs:i
                     spmd:bool=False, eager_cpu:bool=False, log=None, counts=None) -> dict:
     """Train `model` with Adam and cross-entropy on `train` = (inputs..., targets) tensors, validate on `valid`.
     `prep(device)` may return a function applied to the inputs on the device. Returns each epoch's seconds and
-    counters and the last accuracy. `counts` (with `start()` and `stop(steps)`) is started and stopped around the
-    training steps of the second epoch."""
+    counters and the last accuracy. `counts` (with `start()` and `stop(steps)`), or `{epoch: counts}`, is started and
+    stopped around the training steps of that epoch (the second by default)."""
     import torch, torch_xla
     import torch_xla.distributed.parallel_loader as pl
     sharding = spmd_input_sharding(train[0].ndim) if spmd else None
@@ -43,14 +43,16 @@ def train_reference(model, train:tuple, valid:tuple, epochs:int, prep=None, bs:i
     prepare = prep(d) if prep else (lambda *xs: xs)
     counters = (lambda: dict(compiles=0, to_host=0)) if eager_cpu else xla_counters
     times, per_epoch, acc = [], [], None
+    if counts is not None and not isinstance(counts, dict): counts = {1: counts}
     for ep in range(epochs):
         c0 = counters(); t = time.perf_counter(); model.train()
-        if counts and ep == 1: counts.start(); steps = 0
+        measured = (counts or {}).get(ep)
+        if measured: measured.start(); steps = 0
         for *xs, yb in trl:
             loss = torch.nn.functional.cross_entropy(model(*prepare(*xs)), yb)
             loss.backward(); opt.step(); opt.zero_grad()
-            if counts and ep == 1: steps += 1
-        if counts and ep == 1: counts.stop(steps)
+            if measured: steps += 1
+        if measured: measured.stop(steps)
         model.eval(); correct = torch.zeros((), device=d); total = 0
         with torch.no_grad():
             for *xs, yb in val:

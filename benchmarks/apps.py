@@ -13,6 +13,12 @@ CPU, then with `.to_tpu_distributed()` (one replica, the CPU XLA device):
 - `collab`: `CollabDataLoaders.from_df` (a ratings frame: users are digits, items pixels), `collab_learner`;
 - `torch_loaders`: fastai's "PyTorch to fastai" tutorial as written: plain PyTorch `DataLoader`s of a map-style dataset
   (the digits as 1x8x8 tensors) in fastai's `DataLoaders`, an `nn.Sequential`, PyTorch's `cross_entropy`;
+- `multilabel`: a `DataBlock` of `ImageBlock` and `MultiCategoryBlock` (each digit tagged with itself, `even`/`odd`
+  and `big`), `aug_transforms()`, `vision_learner(resnet18)` with fastai's `accuracy_multi`, `F1ScoreMulti`, `RocAucMulti`;
+- `keypoints`: fastai's head-pose tutorial's recipe: `ImageBlock` and `PointBlock` (the point the digit's ink balances
+  on), `aug_transforms()` (warp included), `vision_learner(resnet18, y_range=(-1, 1))`;
+- `regression`: `TabularDataLoaders.from_df` with `RegressionBlock` (the digit as a number), `tabular_learner` with
+  `rmse` and `R2Score`;
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
   16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
 Text (`AWD_LSTM`) has its own script, `text.py`.
@@ -38,7 +44,7 @@ from fastai_xla.all import *
 from bench import measure_host, StepCounts, host_and_calls, top_packages
 from reference_loop import train_reference
 from fastai_xla.demo import (digits_folder, digits_segmentation_folder, digit_mask_path, segmentation_codes,
-                             digits_ratings_frame, digits_frame)
+                             digits_ratings_frame, digits_frame, centre_of_ink)
 
 def vision(out):
     path = digits_folder(out/'fastai_xla_digits32', size=32)
@@ -89,7 +95,33 @@ def gan(out):
     critic = basic_critic(16, n_channels=3, n_extra_layers=1, act_cls=partial(nn.LeakyReLU, negative_slope=0.2))
     return GANLearner.wgan(dls, generator, critic, opt_func=RMSProp), 'train_loss', 1e-4
 
-RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan)
+def digit_tags(f) -> list:
+    "The digit of the image file `f` (its folder's name) and two tags of it: `even`/`odd`, `big` (5 or more)."
+    d = int(Path(f).parent.name)
+    return [str(d), 'even' if d % 2 == 0 else 'odd'] + (['big'] if d >= 5 else [])
+
+def multilabel(out):
+    path = digits_folder(out/'fastai_xla_digits32', size=32)
+    dls = DataBlock(blocks=(ImageBlock, MultiCategoryBlock), get_items=get_image_files, get_y=digit_tags,
+                    splitter=RandomSplitter(0.2, seed=42), batch_tfms=aug_transforms()).dataloaders(path, bs=64)
+    metrics = [partial(accuracy_multi, thresh=0.5), F1ScoreMulti(), RocAucMulti()]
+    return vision_learner(dls, resnet18, pretrained=False, metrics=metrics), 'accuracy_multi', 1e-2
+
+def keypoints(out):
+    path = digits_folder(out/'fastai_xla_digits32', size=32)
+    dls = DataBlock(blocks=(ImageBlock, PointBlock), get_items=get_image_files, get_y=centre_of_ink,
+                    splitter=RandomSplitter(0.2, seed=42), batch_tfms=aug_transforms()).dataloaders(path, bs=64)
+    return vision_learner(dls, resnet18, pretrained=False, y_range=(-1, 1)), 'valid_loss', 1e-2
+
+def regression(out):
+    df, cats, conts = digits_frame()
+    df['digit'] = df['digit'].astype('float32')
+    dls = TabularDataLoaders.from_df(df, procs=[Categorify, FillMissing, Normalize], cat_names=cats, cont_names=conts,
+                                     y_names='digit', y_block=RegressionBlock(), valid_idx=list(range(0, len(df), 5)), bs=64)
+    return tabular_learner(dls, y_range=(-0.5, 9.5), metrics=[rmse, R2Score()]), 'r2_score', 1e-2
+
+RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan,
+               multilabel=multilabel, keypoints=keypoints, regression=regression)
 FITS = dict(gan='fit')   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
 
 class EpochStats(Callback):

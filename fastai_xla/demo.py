@@ -11,7 +11,7 @@ import numpy as np
 # %% auto #0
 __all__ = ['docstring_sources', 'make_once', 'DigitToImage', 'digits_dls', 'digits_arrays', 'digits_folder',
            'digits_segmentation_folder', 'digit_mask_path', 'segmentation_codes', 'docstring_texts', 'docstrings_frame',
-           'docstrings_csv', 'digits_ratings_frame', 'digits_frame']
+           'docstrings_csv', 'digits_ratings_frame', 'digits_frame', 'centre_of_ink']
 
 # %% ../nbs/09_demo.ipynb #94c658e7
 def make_once(path, write) -> Path:
@@ -71,7 +71,7 @@ def digits_folder(path='digits', size:int=32) -> Path:
             _upscaled(img, size).save(tmp/str(label)/f'{i}.png')
     return make_once(path, write)
 
-# %% ../nbs/09_demo.ipynb #08c8993f
+# %% ../nbs/09_demo.ipynb #03634766
 def digits_segmentation_folder(path='digits_seg', size:int=32, classes:str='ink') -> Path:
     "Digits as images `path/images/<n>.png` and masks `path/labels/<n>.png` (0 background; 1, or the digit + 1, on the stroke)."
     if classes not in ('ink', 'digit'): raise ValueError(f"classes must be 'ink' or 'digit', not {classes!r}")
@@ -159,3 +159,12 @@ def digits_frame():
     for c in cats: df[c] = df[c].astype(int).astype(str)
     conts = [c for c in df.columns if c.startswith('p') and c not in cats]
     return df, cats, conts
+
+# %% ../nbs/09_demo.ipynb #df7a8f82
+def centre_of_ink(f):
+    "The point the ink of the image file `f` balances on, in pixels, as fastai's `PointBlock` takes it: `[[x, y]]`."
+    import torch
+    from PIL import Image
+    ink = np.asarray(Image.open(f).convert('L'), dtype=np.float64)
+    total = ink.sum()
+    return torch.tensor([[(ink.sum(0) * np.arange(ink.shape[1])).sum() / total, (ink.sum(1) * np.arange(ink.shape[0])).sum() / total]])

@@ -13,7 +13,7 @@ import pytest
 from helpers import *
 from fastai.vision.all import ImageDataLoaders, aug_transforms, DiceMulti
 from fastai.collab import CollabDataLoaders, collab_learner
-from fastai_xla.demo import digits_folder, digits_ratings_frame
+from fastai_xla.demo import digits_folder, digits_ratings_frame, centre_of_ink
 
 def image_cnn():
     return nn.Sequential(ConvLayer(3, 16, stride=2), ConvLayer(16, 32, stride=2), ConvLayer(32, 64, stride=2),
@@ -153,14 +153,6 @@ def test_progressive_resizing_trains_like_eager(tmp_path, where):
     assert abs(acc - eager) <= 0.05 and acc > 0.85, (acc, eager)
 
 # --- keypoints, as fastai's head-pose tutorial writes them (issue 58): `PointBlock` through every default `aug_transforms`
-
-def centre_of_ink(f):
-    "The point a digit's ink balances on, in pixels (x, y): a keypoint the image shows."
-    from fastai.vision.all import PILImage
-    import numpy as np
-    ink = np.asarray(PILImage.create(f).convert('L'), dtype=np.float64)
-    total = ink.sum()
-    return torch.tensor([[(ink.sum(0) * np.arange(ink.shape[1])).sum() / total, (ink.sum(1) * np.arange(ink.shape[0])).sum() / total]])
 
 def keypoint_learner(path, seed=0):
     "fastai's keypoint regression recipe (the head-pose tutorial's): `ImageBlock`, `PointBlock`, `aug_transforms()` (warp included), `y_range`."

@@ -4,7 +4,9 @@
 
 Each recipe is built from files on disk or a data frame with fastai's own high-level functions and defaults
 (fastai's `Adam`, `fit_one_cycle`, the default loader workers) and trained twice in this process, first on eager
-CPU, then with `.to_tpu_distributed()` (one replica, the CPU XLA device):
+CPU, then with `.to_tpu_distributed(prefetch=2)` (one replica, the CPU XLA device; `prefetch=2`: the loader copies
+batches to the device in a background thread, as it does by default on a TPU and as the hand-written loop's
+`MpDeviceLoader` does; on the CPU device it does not by default, see `nbs/02_data.ipynb`):
 - `vision`: `ImageDataLoaders.from_folder` (scikit-learn's digits written as 32x32 PNG files), `aug_transforms()`
   (run on the device), `vision_learner(resnet18, pretrained=False, metrics=accuracy)`;
 - `segmentation`: `SegmentationDataLoaders.from_label_func` (the digits as 32x32 images and per-pixel digit masks),
@@ -25,8 +27,8 @@ Text (`AWD_LSTM`) has its own script, `text.py`.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
-at the end (validation loss for collab) on each; then the host's work per training step, in two more epochs after
-the timed fit (as `bench.py --counts` measures it): XLA operations traced, Python calls (every thread, the loaders'
+at the end (validation loss for collab) on each; then the host's work per training step, in the second and third
+epochs of one more fit after the timed one (as `bench.py --counts` measures it): XLA operations traced, Python calls (every thread, the loaders'
 workers aside: they are other processes) on eager CPU and on XLA, their ratio and which packages make XLA's; the main
 thread's CPU time per step (an epoch without the profiler) on eager CPU, on XLA, and, for `vision` and `tabular`, in
 the hand-written torch_xla loop of `reference_loop.py` (torch Adam, `MpDeviceLoader`) on the recipe's own model, items
@@ -143,11 +145,11 @@ def final(learn, name):
 def run(recipe, out, epochs, on_xla):
     set_seed(0)
     learn, metric, lr = RECIPES[recipe](out)
-    if on_xla: learn = learn.to_tpu_distributed()
+    if on_xla: learn = learn.to_tpu_distributed(prefetch=2)   # (the loader's background copy, as on a TPU and in `MpDeviceLoader`)
     stats = EpochStats(on_xla)
     with learn.no_bar(), learn.no_logging(): getattr(learn, FITS.get(recipe, 'fit_one_cycle'))(epochs, lr, cbs=stats)
     value = final(learn, metric)
-    return stats.epochs, value, metric, measure_host(learn, lr / 10, first=0)
+    return stats.epochs, value, metric, measure_host(learn, lr / 10)
 
 def tensors_of(dl) -> tuple:
     "Every batch of `dl` (without its random augmentation: fastai's validation transforms) as CPU tensors, joined."

@@ -106,12 +106,12 @@ def crop_matrix(top_left, crop_size, size, n:int) -> torch.Tensor:
     return torch.tensor([[(cw - 1) / (w - 1), 0., (2*left + cw - 1) / (w - 1) - 1],
                          [0., (ch - 1) / (h - 1), (2*top + ch - 1) / (h - 1) - 1]]).expand(n, 2, 3)
 
-# %% ../nbs/12_augment.ipynb #afefccd7
+# %% ../nbs/12_augment.ipynb #90d57ee4
 def coord_on_xla(f, invert:bool=False):
     "fastai's coordinate function `f` of an affine transform (`invert`: the way it moves points), with fastai's warp (`_WarpCoord`) as `perspective_on_xla`."
     if not isinstance(f, warp_coord_class()): return partial(f, invert=True) if invert else f
     pts = (f.targ_pts, f.orig_pts) if invert else (f.orig_pts, f.targ_pts)
-    coeffs = find_coeffs(*pts)                            # (the solve stays on the host)
+    coeffs = find_coeffs(*map(plain_tensor, pts))         # (the solve stays on the host; plain tensors: no fastai dispatch per op)
     return lambda coords: perspective_on_xla(coords, coeffs)
 
 def inverse_2x2(m):
@@ -169,13 +169,10 @@ class ResizedCropOnXLA(XLAVersion):
         mat = crop_matrix(self.tl, self.cp_size, x.shape[-2:], x.shape[0]).to(x.device)
         return affine_coord_on_xla(x, mat, sz=self.size, mode=mode)
 
-# %% ../nbs/12_augment.ipynb #86131349
+# %% ../nbs/12_augment.ipynb #28e8c642
 def host_stand_in(b):
-    "A CPU tensor of the type and shape of `b`'s first tensor with no data behind it: all fastai's draws look at."
-    b = tensors_in(b)[0]
-    stand_in = torch.empty((), dtype=b.dtype).expand(b.shape).as_subclass(type(b))
-    stand_in.__dict__.update(b.__dict__)
-    return stand_in
+    "A plain CPU tensor of the dtype and shape of `b`'s first tensor with no data behind it: all fastai's draws look at."
+    return torch.empty((), dtype=tensors_in(b)[0].dtype).expand(tensors_in(b)[0].shape)
 
 def drawn_on_host(tfm, b, split_idx=None):
     "Apply fastai's random batch transform `tfm` to the device batch `b`, its random draws made on the host as fastai makes them."

@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
            'automatic_backend', 'backend_named', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #c6ceb8a5
+# %% ../nbs/00_backend.ipynb #d7c71c90
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -77,6 +77,9 @@ class Counters:
     def compiles(self) -> int:
         "`counters()['compiles']` alone, cheap enough to read at every step (`XLADiagnostics` names the step that compiled)."
         return self.counters()['compiles']
+    def reads(self) -> int:
+        "`counters()['to_host']` alone, cheap enough to read at every event of a step (`DeviceReadProbe`)."
+        return self.counters()['to_host']
     def seconds(self) -> dict:
         "Seconds spent so far `compiling`, `waiting_for_device` (the host blocked on it), `executing` (the device busy), `transferring_in` (to the device): what the runtime measures; nothing where it does not."
         return {}

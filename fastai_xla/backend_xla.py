@@ -203,7 +203,7 @@ def _failed(e:BaseException, folder:Path, sigterm:bool) -> ReplicasFailed:
         records.setdefault(first, read_record(first, dict(message=dict(message=f'{type(e).__name__}: {e}')), 1))
     return ReplicasFailed(records, first, sigterm)
 
-# %% ../nbs/00d_backend_xla.ipynb #5651c0ed
+# %% ../nbs/00d_backend_xla.ipynb #17c70bcd
 class XLACounters(Counters):
     "torch_xla's metrics and counters, its graphs, and its compile cache."
     # (SPMD runs its graphs through `ExecuteReplicated`, timed as `ExecuteReplicatedTime`)
@@ -213,6 +213,7 @@ class XLACounters(Counters):
         met = _met()
         return {k: sum((met.metric_data(name) or (0,))[0] for name in names) for k, names in self._COUNTED.items()}
     def compiles(self): return (_met().metric_data('CompileTime') or (0,))[0]
+    def reads(self): return (_met().metric_data('TransferFromDeviceTime') or (0,))[0]
     # the host waits for the device when it locks it for the next graph (the previous still running) and when it reads a value
     _TIMED = dict(compiling=('CompileTime',), waiting_for_device=('DeviceLockWait', 'TransferFromDeviceTime'),
                   executing=('ExecuteTime', 'ExecuteReplicatedTime'), transferring_in=('TransferToDeviceTime',))

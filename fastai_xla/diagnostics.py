@@ -176,13 +176,14 @@ def late_compile_message(row:dict, late:list, unexpected:int) -> str:
     return (f"{unexpected} graph{'s' if unexpected > 1 else ''} compiled in epoch {row['epoch']}, after the first, where the "
             f"steps should reuse the first epoch's: {where}. " + ' '.join(LATE_COMPILE_ADVICE[c] for c in LATE_COMPILE_ADVICE if c in causes))
 
-# %% ../nbs/07_diagnostics.ipynb #ca50bc34
+# %% ../nbs/07_diagnostics.ipynb #72114481
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
     run_valid = False
-    def __init__(self, order:int, steps:int=20): self.order, self.steps, self.reads_at, self.probes, self.last = order, steps, {}, 0, None
+    def __init__(self, order:int, steps:int=20): self.order, self.steps, self.reads_at, self.probes, self.last, self.reads = order, steps, {}, 0, None, None
     def _at(self, event):
-        n = xla_counters()['to_host']
+        if self.reads is None: self.reads = learner_backend(self.learn).counters.reads   # (one counter, read at every event)
+        n = self.reads()
         if self.last is not None and n > self.last: self.reads_at[event] = self.reads_at.get(event, 0) + n - self.last
         self.last = n
     def before_batch(self): self._at('before_batch')

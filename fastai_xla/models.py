@@ -11,7 +11,7 @@ from .core import *
 __all__ = ['ceil_pool_lowers', 'ceil_avg_pool2d', 'CeilPoolOnXLA', 'BatchNormOnXLA', 'LayerNormOnXLA', 'GroupNormOnXLA',
            'InstanceNormOnXLA']
 
-# %% ../nbs/13_models.ipynb #55b48b48
+# %% ../nbs/13_models.ipynb #d458b4d4
 def _pair(v): return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 def ceil_pool_lowers(pool:nn.AvgPool2d) -> bool:
@@ -37,7 +37,7 @@ class CeilPoolOnXLA(XLAVersion):
 
 module_versions.register(nn.AvgPool2d, CeilPoolOnXLA)
 
-# %% ../nbs/13_models.ipynb #a33851b5
+# %% ../nbs/13_models.ipynb #0be4d19f
 def _stats_dims(x, channel_axis:int=1) -> list:
     "The dimensions of `x` a batch norm takes its statistics over: all but the channels."
     return [d for d in range(x.ndim) if d != channel_axis]
@@ -59,15 +59,19 @@ class BatchNormOnXLA(XLAVersion):
         shift = first.mean(_stats_dims(first), keepdim=True) if x.ndim > 2 else first
         updates = self.training and self.track_running_stats and self.running_mean is not None
         if not updates: return super().forward(x - shift)
-        before = self.running_var.clone()
-        out = super().forward(x - shift)
-        n = x.numel() // x.shape[1]                  # values per channel
+        shifted = x - shift
+        out = F.batch_norm(shifted, None, None, self.weight, self.bias, True, 0., self.eps)   # (no running statistics to update in place)
         with torch.no_grad():
+            self.num_batches_tracked = self.num_batches_tracked + 1
             f = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
-            # (through `.data`: torch_xla's backward keeps the running statistics, whose version an in-place change would move)
-            self.running_mean.data.add_(shift.view(-1) * f)
-            # torch_xla wrote `(1 - f) * before + f * biased`; `* n / (n - 1)` on the second term alone, rearranged
-            if n > 1: self.running_var.data.copy_(self.running_var * (n / (n - 1)) - before * ((1 - f) / (n - 1)))
+            d = shifted.detach()
+            dims, n = _stats_dims(d), d.numel() // d.shape[1]
+            mean = d.mean(dims, keepdim=True)
+            var = (d - mean).square().sum(dims) / (n - 1)           # (PyTorch keeps the unbiased variance; `var` traces slower)
+            mean = mean.view(-1)
+            # new tensors, not in-place updates: each in-place operation on an XLA tensor runs PyTorch's Python meta functions
+            self.running_mean = self.running_mean * (1 - f) + (mean + shift.view(-1)) * f
+            self.running_var = self.running_var * (1 - f) + var * f
         return out
 
 class LayerNormOnXLA(XLAVersion):

@@ -109,7 +109,7 @@ def lean_dispatch(learn, event_name):
         for cb in sorted(learn.cbs, key=_order):
             if handles(cb, name): cb(name)
 
-# %% ../nbs/03_callback.ipynb #2d8b947f
+# %% ../nbs/03_callback.ipynb #44af1851
 def finding_lr(learn) -> bool:
     "Is `learn` in fastai's `lr_find` (an `LRFinder` among its callbacks)?"
     return any(isinstance(cb, LRFinder) for cb in learn.cbs)
@@ -127,6 +127,7 @@ class TPUCallback(Callback):
         check_learner(learn)                                 # (precision: refuses a CUDA MixedPrecision added after to_xla)
         become_xla_objects(learn)                            # (a model or loss the user set since `to_xla`; this fit's callbacks)
         moved = move_model(self.model, device)
+        self._params = list(self.model.parameters())         # (once a fit, not a walk through the modules every step)
         if getattr(learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, learn.splitter)
             learn.xla_changes.optimizer(self.opt, grouped=self.grouped_steps)
@@ -152,7 +153,7 @@ class TPUCallback(Callback):
 
     def before_step(self):
         "Average the gradients over replicas: after `GradientAccumulation` decided to step, before `GradientClip` (order 11)."
-        self.learn.xla_run.reduce_gradients([p.grad for p in self.model.parameters() if p.grad is not None])
+        self.learn.xla_run.reduce_gradients([p.grad for p in self._params if p.grad is not None])
 
 # %% ../nbs/03_callback.ipynb #d98b67bd
 class RestoreAfterLRFind(Callback):

@@ -37,7 +37,7 @@ class CeilPoolOnXLA(XLAVersion):
 
 module_versions.register(nn.AvgPool2d, CeilPoolOnXLA)
 
-# %% ../nbs/13_models.ipynb #0be4d19f
+# %% ../nbs/13_models.ipynb #a382a537
 def _stats_dims(x, channel_axis:int=1) -> list:
     "The dimensions of `x` a batch norm takes its statistics over: all but the channels."
     return [d for d in range(x.ndim) if d != channel_axis]
@@ -62,7 +62,8 @@ class BatchNormOnXLA(XLAVersion):
         shifted = x - shift
         out = F.batch_norm(shifted, None, None, self.weight, self.bias, True, 0., self.eps)   # (no running statistics to update in place)
         with torch.no_grad():
-            self.num_batches_tracked = self.num_batches_tracked + 1
+            buffers = self._buffers           # (set there directly: `Module.__setattr__` costs more than the rest of the update)
+            buffers['num_batches_tracked'] = self.num_batches_tracked + 1
             f = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
             d = shifted.detach()
             dims, n = _stats_dims(d), d.numel() // d.shape[1]
@@ -70,8 +71,8 @@ class BatchNormOnXLA(XLAVersion):
             var = (d - mean).square().sum(dims) / (n - 1)           # (PyTorch keeps the unbiased variance; `var` traces slower)
             mean = mean.view(-1)
             # new tensors, not in-place updates: each in-place operation on an XLA tensor runs PyTorch's Python meta functions
-            self.running_mean = self.running_mean * (1 - f) + (mean + shift.view(-1)) * f
-            self.running_var = self.running_var * (1 - f) + var * f
+            buffers['running_mean'] = self.running_mean * (1 - f) + (mean + shift.view(-1)) * f
+            buffers['running_var'] = self.running_var * (1 - f) + var * f
         return out
 
 class LayerNormOnXLA(XLAVersion):

@@ -21,6 +21,9 @@ batches to the device in a background thread, as it does by default on a TPU and
   on), `aug_transforms()` (warp included), `vision_learner(resnet18, y_range=(-1, 1))`;
 - `regression`: `TabularDataLoaders.from_df` with `RegressionBlock` (the digit as a number), `tabular_learner` with
   `rmse` and `R2Score`;
+- `progressive`: fastbook's progressive resizing (chapter 7) on the digits: `vision_learner(resnet18)` fitted at 16
+  pixels, then new loaders at 24 (`learn.dls = ...`) and `fine_tune`; the columns are `fine_tune`'s (its second fit's
+  epochs: the new size compiles in its first);
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
   16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
 Text (`AWD_LSTM`) has its own script, `text.py`.
@@ -122,9 +125,26 @@ def regression(out):
                                      y_names='digit', y_block=RegressionBlock(), valid_idx=list(range(0, len(df), 5)), bs=64)
     return tabular_learner(dls, y_range=(-0.5, 9.5), metrics=[rmse, R2Score()]), 'r2_score', 1e-2
 
+def resized_digits(out, size:int, bs:int=64):
+    "fastbook's `get_dls` (chapter 7) on the digits: the items resized to `size`, then `aug_transforms` at `size`."
+    path = digits_folder(out/'fastai_xla_digits32', size=32)
+    return ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=bs, item_tfms=Resize(size),
+                                        batch_tfms=aug_transforms(size=size, min_scale=0.75))
+
+def progressive(out):
+    learn = vision_learner(resized_digits(out, 16), resnet18, pretrained=False, metrics=accuracy)
+    learn.loaders_at = partial(resized_digits, out)       # (for `progressive_fit`)
+    return learn, 'accuracy', 1e-2
+
+def progressive_fit(learn, epochs, lr, cbs):
+    "fastbook's progressive resizing: a fit at 16 pixels, new loaders at 24 (`learn.dls = ...`), `fine_tune` (measured)."
+    learn.fit_one_cycle(epochs, lr)
+    learn.dls = learn.loaders_at(24)
+    learn.fine_tune(epochs, lr, cbs=cbs)
+
 RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan,
-               multilabel=multilabel, keypoints=keypoints, regression=regression)
-FITS = dict(gan='fit')   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
+               multilabel=multilabel, keypoints=keypoints, regression=regression, progressive=progressive)
+FITS = dict(gan='fit', progressive=progressive_fit)   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
 
 class EpochStats(Callback):
     "Each epoch's time and, on XLA, its counters."
@@ -147,7 +167,10 @@ def run(recipe, out, epochs, on_xla):
     learn, metric, lr = RECIPES[recipe](out)
     if on_xla: learn = learn.to_tpu_distributed(prefetch=2)   # (the loader's background copy, as on a TPU and in `MpDeviceLoader`)
     stats = EpochStats(on_xla)
-    with learn.no_bar(), learn.no_logging(): getattr(learn, FITS.get(recipe, 'fit_one_cycle'))(epochs, lr, cbs=stats)
+    fit = FITS.get(recipe, 'fit_one_cycle')
+    with learn.no_bar(), learn.no_logging():
+        if callable(fit): fit(learn, epochs, lr, cbs=stats)
+        else: getattr(learn, fit)(epochs, lr, cbs=stats)
     value = final(learn, metric)
     return stats.epochs, value, metric, measure_host(learn, lr / 10)
 

@@ -32,11 +32,12 @@ paired ratios and their range (each round runs the reference, then `fastai_xla`,
 `fastai_xla_cached`, then `fastai_xla_defaults`; each divides by that round's reference). The naive row (one run)
 divides by the median reference.
 
-`--counts` prints instead what each XLA run costs the host per training step, counted rather than timed (exact and
-repeatable, whatever the machine's load): XLA operations traced (the sum of torch_xla's `xla::` counters) and Python
-function calls (`sys.setprofile` 'call' and 'c_call' events, in every thread, the loader's included), over the
-training steps of the second epoch (the first compiles), one process per row; `fastai_xla_defaults_cached` is
-`fastai_xla_defaults` with `cache_items=True`."""
+`--counts` prints instead what each XLA run costs the host per training step, one process per row, 3 epochs (the first
+compiles): the main thread's CPU time (and the wall time) per step of the second epoch, run without a profiler, then,
+over the third, XLA operations traced (the sum of torch_xla's `xla::` counters) and Python function calls
+(`sys.setprofile` 'call' and 'c_call' events, in every thread, the loader's included) by package. Counts are exact and
+repeat whatever the machine's load; times are indicative. `fastai_xla_defaults_cached` is `fastai_xla_defaults` with
+`cache_items=True`."""
 import argparse, json, os, statistics, subprocess, sys, threading, time
 from reference_loop import train_reference, digits_tensors, xla_counters as counters
 

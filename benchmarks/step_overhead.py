@@ -9,9 +9,9 @@
   and with the whole table;
 - cached items (`XLADataLoader(cache_items=True)`, `nbs/02_data.ipynb`): the same two measures
   for the CNN's digits images, each item made every epoch (fastai's way) or once;
-- torch's `foreach` optimizer step (`nbs/03_callback.ipynb`): host CPU time of torch Adam's
-  step per training step on the CNN (14 tensors), per parameter (`foreach=False`, torch's
-  choice off CUDA) and with `foreach`, then CNN epochs with each.
+- torch's optimizer step out of place (`nbs/02a_optimizer.ipynb`): host CPU time of torch Adam's
+  step per training step on the CNN (14 tensors), torch's own per parameter (`foreach=False`, torch's
+  choice off CUDA) and fastai_xla's out-of-place twin (`OutOfPlaceAdam`), then CNN epochs with each.
 One process per change, the models and data of bench.py; the two settings alternate for
 `--rounds` fits of 3 epochs (epochs after the first of each fit count), so that a slow spell
 of this shared machine hits both. Prints one table."""
@@ -72,20 +72,22 @@ def loader_setting(model, attr, rounds):
     return dict(per_batch=per_batch, epochs=epochs)
 
 def foreach_step(rounds):
-    "Host CPU time of the optimizer step, and epoch time, with torch Adam's per-parameter and `foreach` implementations."
-    from fastai_xla.all import xla_device
+    "Host CPU time of the optimizer step, and epoch time, with torch Adam's own per-parameter step and fastai_xla's out-of-place one."
+    import torch
+    from fastai_xla.all import xla_device, swap_class
+    from fastai_xla.optimizer import OutOfPlaceAdam
     xla_device()
     learn = bench._fastai_learner('cnn').to_tpu_distributed()
     _fit_epochs(learn, 1)
     torch_opt, spent = learn.opt.opt, {'t': 0.0, 'n': 0}
-    step = torch_opt.step
-    def timed_step(*args, **kwargs):
-        t = time.thread_time(); res = step(*args, **kwargs)
+    def timed_step(*args, **kwargs):      # (the step of the optimizer's class of the moment)
+        t = time.thread_time(); res = type(torch_opt).step(torch_opt, *args, **kwargs)
         spent['t'] += time.thread_time() - t; spent['n'] += 1
         return res
-    def use(v):
+    def use(v):             # fastai_xla's out-of-place step, or torch's own per parameter (its default off CUDA)
         def apply():
-            for g in learn.opt.opt.param_groups: g['foreach'] = v
+            swap_class(learn.opt.opt, OutOfPlaceAdam if v else torch.optim.Adam)
+            for g in learn.opt.opt.param_groups: g['foreach'] = None if v else False
         return apply
     per_step = {}
     torch_opt.step = timed_step
@@ -126,8 +128,8 @@ def main():
             ('whole-table batches', 'tabular', 'epoch ms', w['epochs'], 1e3),
             ('cached items', 'cnn', 'us the loop waits per batch', c['per_batch'], 1e6),
             ('cached items', 'cnn', 'epoch ms', c['epochs'], 1e3),
-            ('foreach optimizer step', 'cnn', 'host CPU us per Adam step', f['per_step'], 1e6),
-            ('foreach optimizer step', 'cnn', 'epoch ms', f['epochs'], 1e3)]
+            ('torch optimizer step out of place', 'cnn', 'host CPU us per Adam step', f['per_step'], 1e6),
+            ('torch optimizer step out of place', 'cnn', 'epoch ms', f['epochs'], 1e3)]
     print("| change | model | measure | fastai's way | fastai_xla | fastai_xla / fastai's way |\n|---|---|---|---|---|---|")
     for change, model, what, v, scale in rows:
         print(f"| {change} | {model} | {what} | {v['fastai']*scale:.1f} | {v['fastai_xla']*scale:.1f} | {v['fastai_xla']/v['fastai']:.2f} |")

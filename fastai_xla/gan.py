@@ -13,7 +13,7 @@ import torch
 # %% auto #0
 __all__ = ['GANTrainerOnXLA']
 
-# %% ../nbs/14_gan.ipynb #48c87e9f
+# %% ../nbs/14_gan.ipynb #e23948bd
 class GANTrainerOnXLA(XLAVersion):
     "fastai's `GANTrainer` keeping its smoothed losses and last generated batch on the device, read once per training phase."
     _xla_attrs = ('gen_loss_fastai', 'crit_loss_fastai')
@@ -30,6 +30,16 @@ class GANTrainerOnXLA(XLAVersion):
         return 'generator' if self.gen_mode else 'critic'
 
     def before_train(self): self.on_device = []       # (the places in the loss lists whose values are still on the device)
+
+    def before_batch(self):
+        "fastai's, with the critic's weights clamped out of place, copied in once (see above)."
+        clip, weights = self.clip, [p.data for p in self.critic.parameters()]
+        if not (self.training and clip is not None and weights and on_torch_xla(weights[0])): return super().before_batch()
+        with torch.no_grad():
+            torch._foreach_copy_(weights, torch._foreach_clamp_max(torch._foreach_clamp_min(weights, -clip), clip))
+        self.__dict__['clip'] = None                     # (fastai's own then clamps nothing and does the rest)
+        try: super().before_batch()
+        finally: self.__dict__['clip'] = clip
 
     def after_batch(self):
         if not self.training: return

@@ -26,7 +26,10 @@ batches to the device in a background thread, as it does by default on a TPU and
   epochs: the new size compiles in its first);
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
   16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
-Text (`AWD_LSTM`) has its own script, `text.py`.
+Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
+through `learn.launch` on 2 replica processes over gloo (the CPU device's transport; each replica takes batches of the
+recipe's size, so half the steps of one device; the reads per epoch then grow with the steps: gloo's all-reduce reads
+each step's gradients, as `tests/test_applications.py` says).
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
@@ -193,13 +196,41 @@ def run_hand_written(recipe, out) -> dict:
     train_reference(learn.model, train, valid, 3, bs=dls.train.bs, lr=lr, counts={1: timed, 2: counted})
     return host_and_calls(timed, counted)
 
+def train_launched(learn, recipe, epochs, lr):
+    "What each replica of `--launch` runs: the recipe's fit; the master's epochs' counters come back."
+    stats = EpochStats(on_xla=True)
+    fit = FITS.get(recipe, 'fit_one_cycle')
+    with learn.no_bar(), learn.no_logging():
+        if callable(fit): fit(learn, epochs, lr, cbs=stats)
+        else: getattr(learn, fit)(epochs, lr, cbs=stats)
+    return stats.epochs
+
+def run_launched(recipe, out, epochs):
+    "The recipe through `learn.launch` on 2 replica processes (gloo): its metric (from the master's `Recorder`), compiles, reads."
+    set_seed(0)
+    learn, metric, lr = RECIPES[recipe](out)
+    epochs_seen = learn.launch(train_launched, recipe, epochs, lr, nprocs=2, transport='gloo')
+    return final(learn, metric), epochs_seen
+
+def print_launched(recipes, out, epochs):
+    "`--launch`: one table, each recipe on 2 replicas (each replica a batch of the recipe's size: half the steps of one device)."
+    print('| recipe | metric | launched, 2 replicas | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) |')
+    print('|---|---|---|---|---|---|')
+    for r in recipes:
+        _, metric, _ = RECIPES[r](out)
+        value, es = run_launched(r, out, epochs)
+        print(f"| {r} | {metric} | {value:.4f} | {es[0]['compiles']} | {sum(e['compiles'] for e in es[1:])} | "
+              f"{max(e['to_host'] for e in es)} |", flush=True)
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--epochs', type=int, default=3)
     p.add_argument('--recipes', nargs='+', default=list(RECIPES), choices=list(RECIPES))
     p.add_argument('--out', default='/tmp')
+    p.add_argument('--launch', action='store_true', help="instead: each recipe through `learn.launch` on 2 replicas (gloo)")
     a = p.parse_args()
     if a.epochs < 2: p.error('--epochs must be at least 2: the first epoch compiles and is not timed')
+    if a.launch: return print_launched(a.recipes, Path(a.out), a.epochs)
     xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
     print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | '
           'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager | '

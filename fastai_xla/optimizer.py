@@ -12,9 +12,9 @@ from fastai.optimizer import (Optimizer, OptimWrapper, Lookahead, weight_decay, 
 from .core import swap_class
 
 # %% auto #0
-__all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'picked', 'replaced', 'step_numbers', 'GroupStep',
-           'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group', 'step_stat_group', 'sgd_group',
-           'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step', 'adam_group', 'radam_group',
+__all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'picked', 'replaced', 'step_numbers', 'GroupStep', 'add_each',
+           'lerp_each', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group', 'step_stat_group',
+           'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step', 'adam_group', 'radam_group',
            'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin', 'GroupedOptimizer', 'can_group',
            'torch_adam_group', 'torch_sgd_group', 'OutOfPlaceStep', 'OutOfPlaceAdam', 'OutOfPlaceAdamW',
            'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
@@ -62,17 +62,17 @@ class GroupStep:
         for p, g in zip(self.ps, self.grads):
             if g is not p.grad: p.grad = g
 
-# %% ../nbs/02a_optimizer.ipynb #6b99909a
+# %% ../nbs/02a_optimizer.ipynb #ba1ed7ad
 def _scaled_add(xs, ys, c):
     "`x + c*y` for each pair, out of place."
     return torch._foreach_add(xs, torch._foreach_mul(ys, c))
 
-def _plus(xs, c):
+def add_each(xs, c):
     "`x + c` for each `x`. (torch's `_foreach_add(xs, tensor)` reads the tensor's value to the host; a list of it does not.)"
     return torch._foreach_add(xs, [c] * len(xs)) if isinstance(c, torch.Tensor) else torch._foreach_add(xs, c)
 
-def _lerp(xs, ys, w):
-    "`x + w*(y - x)` for each pair (`_foreach_lerp` with one tensor weight reads it to the host, as `_plus` says)."
+def lerp_each(xs, ys, w):
+    "`x + w*(y - x)` for each pair (`_foreach_lerp` with one tensor weight reads it to the host, as `add_each` says)."
     return torch._foreach_lerp(xs, ys, [w] * len(xs)) if isinstance(w, torch.Tensor) else torch._foreach_lerp(xs, ys, w)
 
 def decay_group(g:GroupStep, lr, wd, **kwargs):
@@ -88,14 +88,14 @@ def l2_group(g:GroupStep, lr, wd, **kwargs):
 def average_grad_group(g:GroupStep, mom, dampening=False, **kwargs):
     "fastai's `average_grad`: `grad_avg = mom*grad_avg + (1-mom if dampening else 1)*grad`."
     avgs = g.state('grad_avg')
-    if dampening: new = _lerp(avgs, g.grads, g.number(1 - mom))
+    if dampening: new = lerp_each(avgs, g.grads, g.number(1 - mom))
     else: new = torch._foreach_add(torch._foreach_mul(avgs, g.number(mom)), g.grads)
     g.set_state('grad_avg', new)
 
 def average_sqr_grad_group(g:GroupStep, sqr_mom, dampening=True, **kwargs):
     "fastai's `average_sqr_grad`: `sqr_avg = sqr_mom*sqr_avg + (1-sqr_mom if dampening else 1)*grad**2`."
     sqrs, sq = g.state('sqr_avg'), torch._foreach_mul(g.grads, g.grads)
-    if dampening: new = _lerp(sqrs, sq, g.number(1 - sqr_mom))
+    if dampening: new = lerp_each(sqrs, sq, g.number(1 - sqr_mom))
     else: new = torch._foreach_add(torch._foreach_mul(sqrs, g.number(sqr_mom)), sq)
     g.set_state('sqr_avg', new)
 
@@ -114,10 +114,10 @@ def momentum_group(g:GroupStep, lr, **kwargs):
 def rms_prop_group(g:GroupStep, lr, eps, **kwargs):
     "fastai's `rms_prop_step`: the gradient's moving average (or the gradient) over `sqrt(sqr_avg) + eps`."
     num = g.state('grad_avg') if all('grad_avg' in s for s in g.states) else g.grads
-    den = _plus(torch._foreach_sqrt(g.state('sqr_avg')), g.number(eps))
+    den = add_each(torch._foreach_sqrt(g.state('sqr_avg')), g.number(eps))
     g.move(g.all, _scaled_add(g.params, torch._foreach_div(num, den), g.number(-lr)))
 
-# %% ../nbs/02a_optimizer.ipynb #c91a86e9
+# %% ../nbs/02a_optimizer.ipynb #1ea6a9c1
 def by_step(states) -> dict:
     "`{step: indices}`: the parameters of a group (their indices) by the number of steps they have taken."
     res = {}
@@ -132,7 +132,7 @@ def debiased_by_step(g:GroupStep, mom, sqr_mom):
 def _root_mean_sqr(g:GroupStep, ix, d2, eps=None):
     "`sqrt(sqr_avg/d2) (+ eps)` of the parameters at `ix`, as new tensors."
     den = torch._foreach_sqrt(torch._foreach_div(g.state('sqr_avg', ix), g.number(d2)))
-    return den if eps is None else _plus(den, g.number(eps))
+    return den if eps is None else add_each(den, g.number(eps))
 
 def _step_by(g:GroupStep, ix, num, den, c):
     "Move the parameters at `ix` by `c*num/den`."
@@ -163,7 +163,7 @@ def qhadam_group(g:GroupStep, lr, mom, sqr_mom, eps, nu_1, nu_2, **kwargs):
         gr = picked(g.grads, ix)
         num = _scaled_add(torch._foreach_mul(gr, n(1-nu_1)), g.state('grad_avg', ix), n(nu_1/d1))
         sq = _scaled_add(torch._foreach_mul(torch._foreach_mul(gr, gr), n(1-nu_2)), g.state('sqr_avg', ix), n(nu_2/d2))
-        _step_by(g, ix, num, _plus(torch._foreach_sqrt(sq), n(eps)), n(-lr))
+        _step_by(g, ix, num, add_each(torch._foreach_sqrt(sq), n(eps)), n(-lr))
 
 # %% ../nbs/02a_optimizer.ipynb #383ecd73
 def lamb_group(g:GroupStep, lr, mom, sqr_mom, eps, **kwargs):
@@ -218,7 +218,7 @@ def can_group(opt) -> bool:
     "Is `opt` a plain fastai `Optimizer` (not a subclass of a user's) whose every stepper has a grouped twin?"
     return type(opt) in (Optimizer, GroupedOptimizer) and all(grouped_twin(cb) is not None for cb in opt.cbs)
 
-# %% ../nbs/02a_optimizer.ipynb #c06898f3
+# %% ../nbs/02a_optimizer.ipynb #26014375
 def _torch_step_count(states) -> list:
     "Count a step in torch's way (`state['step']`, a float tensor on the host) and return the counts."
     for s in states: s['step'] = s['step'] + 1 if 'step' in s else torch.tensor(1.)
@@ -230,13 +230,13 @@ def torch_adam_group(g:GroupStep, group:dict):
     steps, grads = _torch_step_count(g.states), g.grads
     if wd != 0 and group.get('decoupled_weight_decay'): g.move(g.all, _scaled_add(g.params, g.params, n(-lr*wd)))
     elif wd != 0: grads = _scaled_add(grads, g.params, n(wd))          # (torch leaves `p.grad` as it was)
-    g.set_state('exp_avg', _lerp(g.state('exp_avg'), grads, n(1 - b1)))
+    g.set_state('exp_avg', lerp_each(g.state('exp_avg'), grads, n(1 - b1)))
     sqrs = _scaled_add(torch._foreach_mul(g.state('exp_avg_sq'), n(b2)), torch._foreach_mul(grads, grads), n(1 - b2))
     g.set_state('exp_avg_sq', sqrs)
     for step in sorted(set(steps)):
         ix = [i for i, s in enumerate(steps) if s == step]
         bc1, bc2 = 1 - b1**step, 1 - b2**step
-        den = _plus(torch._foreach_div(torch._foreach_sqrt(g.state('exp_avg_sq', ix)), n(bc2**0.5)), n(eps))
+        den = add_each(torch._foreach_div(torch._foreach_sqrt(g.state('exp_avg_sq', ix)), n(bc2**0.5)), n(eps))
         _step_by(g, ix, g.state('exp_avg', ix), den, n(-lr/bc1))
 
 def torch_sgd_group(g:GroupStep, group:dict):

@@ -18,9 +18,10 @@
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: about 31 minutes on a fresh clone of this project's 2-core machine on 2026-11-27,
-# set-up included (stack 1's pytest 13 min 50 s with the linter, the tabular-imports and import-graph tests; the native
-# backend's step on its stand-in device 3 min 4 s; Colab 7 min 20 s). The goal: at most 50. Other
+# minutes more. The default run is CI's: about 33 minutes on a fresh clone of this project's 2-core machine on 2026-11-27,
+# set-up included (.venv 3 min; stack 1's pytest 13 min 16 s with the linter, the tabular-imports and import-graph tests;
+# the native backend's step on its stand-in device 1 min 45 s; the image stacks' set-up beside stack 1; Colab 5 min 5 s;
+# Kaggle 1 min 52 s and its demo 1 min 3 s; TorchTPU 53 s; the docs 20 s). The goal: at most 50. Other
 # arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi

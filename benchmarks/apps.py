@@ -27,9 +27,9 @@ batches to the device in a background thread, as it does by default on a TPU and
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
   16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
 Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
-through `learn.launch` on 2 replica processes over gloo (the CPU device's transport; each replica takes batches of the
-recipe's size, so half the steps of one device; the reads per epoch then grow with the steps: gloo's all-reduce reads
-each step's gradients, as `tests/test_applications.py` says).
+through `learn.launch` on 2 replica processes over gloo (the CPU device's transport; each replica takes half the
+recipe's batch size, so the run takes one device's steps; the reads per epoch grow with the steps: gloo's all-reduce
+reads each step's gradients, as `tests/test_applications.py` says).
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
@@ -209,11 +209,12 @@ def run_launched(recipe, out, epochs):
     "The recipe through `learn.launch` on 2 replica processes (gloo): its metric (from the master's `Recorder`), compiles, reads."
     set_seed(0)
     learn, metric, lr = RECIPES[recipe](out)
+    for dl in learn.dls.loaders: dl.bs = dl.bs // 2      # (each replica half the batch: the steps of one device)
     epochs_seen = learn.launch(train_launched, recipe, epochs, lr, nprocs=2, transport='gloo')
     return final(learn, metric), epochs_seen
 
 def print_launched(recipes, out, epochs):
-    "`--launch`: one table, each recipe on 2 replicas (each replica a batch of the recipe's size: half the steps of one device)."
+    "`--launch`: one table, each recipe on 2 replicas (each replica half the recipe's batch: one device's steps)."
     print('| recipe | metric | launched, 2 replicas | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) |')
     print('|---|---|---|---|---|---|')
     for r in recipes:

@@ -165,15 +165,19 @@ def final(learn, name):
     if name == 'train_loss': return learn.recorder.values[-1][0]
     return learn.recorder.values[-1][names.index(name)]
 
+def fit_recipe(learn, recipe, epochs, lr, cbs):
+    "The recipe's own fit (`FITS`: a learner method's name or a function), without the bar and the log."
+    fit = FITS.get(recipe, 'fit_one_cycle')
+    with learn.no_bar(), learn.no_logging():
+        if callable(fit): fit(learn, epochs, lr, cbs=cbs)
+        else: getattr(learn, fit)(epochs, lr, cbs=cbs)
+
 def run(recipe, out, epochs, on_xla):
     set_seed(0)
     learn, metric, lr = RECIPES[recipe](out)
     if on_xla: learn = learn.to_tpu_distributed(prefetch=2)   # (the loader's background copy, as on a TPU and in `MpDeviceLoader`)
     stats = EpochStats(on_xla)
-    fit = FITS.get(recipe, 'fit_one_cycle')
-    with learn.no_bar(), learn.no_logging():
-        if callable(fit): fit(learn, epochs, lr, cbs=stats)
-        else: getattr(learn, fit)(epochs, lr, cbs=stats)
+    fit_recipe(learn, recipe, epochs, lr, stats)
     value = final(learn, metric)
     return stats.epochs, value, metric, measure_host(learn, lr / 10)
 
@@ -199,10 +203,7 @@ def run_hand_written(recipe, out) -> dict:
 def train_launched(learn, recipe, epochs, lr):
     "What each replica of `--launch` runs: the recipe's fit; the master's epochs' counters come back."
     stats = EpochStats(on_xla=True)
-    fit = FITS.get(recipe, 'fit_one_cycle')
-    with learn.no_bar(), learn.no_logging():
-        if callable(fit): fit(learn, epochs, lr, cbs=stats)
-        else: getattr(learn, fit)(epochs, lr, cbs=stats)
+    fit_recipe(learn, recipe, epochs, lr, stats)
     return stats.epochs
 
 def run_launched(recipe, out, epochs):

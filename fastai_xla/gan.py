@@ -13,7 +13,7 @@ import torch
 # %% auto #0
 __all__ = ['GANTrainerOnXLA']
 
-# %% ../nbs/14_gan.ipynb #e23948bd
+# %% ../nbs/14_gan.ipynb #886cd631
 class GANTrainerOnXLA(XLAVersion):
     "fastai's `GANTrainer` keeping its smoothed losses and last generated batch on the device, read once per training phase."
     _xla_attrs = ('gen_loss_fastai', 'crit_loss_fastai')
@@ -33,8 +33,9 @@ class GANTrainerOnXLA(XLAVersion):
 
     def before_batch(self):
         "fastai's, with the critic's weights clamped out of place, copied in once (see above)."
-        clip, weights = self.clip, [p.data for p in self.critic.parameters()]
-        if not (self.training and clip is not None and weights and on_torch_xla(weights[0])): return super().before_batch()
+        clip = self.clip
+        weights = [p.data for p in self.critic.parameters()] if self.training and clip is not None else []
+        if not (weights and on_torch_xla(weights[0])): return super().before_batch()
         with torch.no_grad():
             torch._foreach_copy_(weights, torch._foreach_clamp_max(torch._foreach_clamp_min(weights, -clip), clip))
         self.__dict__['clip'] = None                     # (fastai's own then clamps nothing and does the rest)

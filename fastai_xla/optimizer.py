@@ -117,11 +117,11 @@ def rms_prop_group(g:GroupStep, lr, eps, **kwargs):
     den = add_each(torch._foreach_sqrt(g.state('sqr_avg')), g.number(eps))
     g.move(g.all, _scaled_add(g.params, torch._foreach_div(num, den), g.number(-lr)))
 
-# %% ../nbs/02a_optimizer.ipynb #1ea6a9c1
+# %% ../nbs/02a_optimizer.ipynb #17878607
 def by_step(states) -> dict:
-    "`{step: indices}`: the parameters of a group (their indices) by the number of steps they have taken."
+    "`{step: indices}`: the parameters of a group (their indices) by the number of steps they have taken (fastai's count, or torch's tensor)."
     res = {}
-    for i, s in enumerate(states): res.setdefault(s['step'], []).append(i)
+    for i, s in enumerate(states): res.setdefault(int(s['step']), []).append(i)
     return res
 
 def debiased_by_step(g:GroupStep, mom, sqr_mom):
@@ -218,23 +218,22 @@ def can_group(opt) -> bool:
     "Is `opt` a plain fastai `Optimizer` (not a subclass of a user's) whose every stepper has a grouped twin?"
     return type(opt) in (Optimizer, GroupedOptimizer) and all(grouped_twin(cb) is not None for cb in opt.cbs)
 
-# %% ../nbs/02a_optimizer.ipynb #26014375
-def _torch_step_count(states) -> list:
-    "Count a step in torch's way (`state['step']`, a float tensor on the host) and return the counts."
+# %% ../nbs/02a_optimizer.ipynb #c009132d
+def _torch_step_count(states):
+    "Count a step in torch's way (`state['step']`, a float tensor on the host)."
     for s in states: s['step'] = s['step'] + 1 if 'step' in s else torch.tensor(1.)
-    return [float(s['step']) for s in states]
 
 def torch_adam_group(g:GroupStep, group:dict):
     "torch's `Adam` (or `AdamW`, `decoupled_weight_decay`) update of one parameter group, out of place."
     n, lr, (b1, b2), eps, wd = g.number, group['lr'], group['betas'], group['eps'], group['weight_decay']
-    steps, grads = _torch_step_count(g.states), g.grads
+    _torch_step_count(g.states)
+    grads = g.grads
     if wd != 0 and group.get('decoupled_weight_decay'): g.move(g.all, _scaled_add(g.params, g.params, n(-lr*wd)))
     elif wd != 0: grads = _scaled_add(grads, g.params, n(wd))          # (torch leaves `p.grad` as it was)
     g.set_state('exp_avg', lerp_each(g.state('exp_avg'), grads, n(1 - b1)))
     sqrs = _scaled_add(torch._foreach_mul(g.state('exp_avg_sq'), n(b2)), torch._foreach_mul(grads, grads), n(1 - b2))
     g.set_state('exp_avg_sq', sqrs)
-    for step in sorted(set(steps)):
-        ix = [i for i, s in enumerate(steps) if s == step]
+    for step, ix in by_step(g.states).items():
         bc1, bc2 = 1 - b1**step, 1 - b2**step
         den = add_each(torch._foreach_div(torch._foreach_sqrt(g.state('exp_avg_sq', ix)), n(bc2**0.5)), n(eps))
         _step_by(g, ix, g.state('exp_avg', ix), den, n(-lr/bc1))

@@ -11,9 +11,10 @@ from .replicas import ProcessGroupCollectives
 from .agent import ElasticLauncher
 
 # %% auto #0
-__all__ = ['TPU_GENERATIONS', 'check_nprocs', 'native_device_type', 'check_device_type', 'NativeRuntime', 'Native']
+__all__ = ['TPU_GENERATIONS', 'check_nprocs', 'stand_in_tpu', 'native_device_type', 'check_device_type', 'NativeRuntime',
+           'Native']
 
-# %% ../nbs/00e_backend_native.ipynb #053d9659
+# %% ../nbs/00e_backend_native.ipynb #9a741a28
 # the replicas per host TorchTPU starts on each TPU generation (its PCI device id): the chip topologies it knows
 TPU_GENERATIONS = {'0x005e': ('v4', (1, 2, 4, 8)), '0x0062': ('v5p', (1, 2, 4, 8)), '0x0063': ('v5e', (1, 4, 8)),
                    '0x006f': ('v6e', (1, 4, 8)), '0x0076': ('v7', (2, 4, 8))}
@@ -27,10 +28,15 @@ def check_nprocs(nprocs:int, device_ids:list) -> int:
                          f"chips of {gen}), not {nprocs}: pass nprocs={allowed[-1]} (every chip) or leave it out.")
     return nprocs
 
+def stand_in_tpu() -> bool:
+    "Is a `tpu` device of PyTorch's own registered in this process without Google's TorchTPU (a test device standing in for the chip, as `tests/eager_tpu.py`'s)? Asked of torch, never of a device."
+    return google_torch_tpu() is None and torch._C._get_privateuse1_backend_name() == 'tpu'
+
 def native_device_type(asked:str|None=None) -> str:
-    "The device type the native backend trains on: `asked` (`FASTAI_XLA_NATIVE_DEVICE`) if this machine has it, else `'tpu'` with Google's TorchTPU and a TPU chip, `'cpu'` without TorchTPU; an error (never an abort) where the device is missing."
+    "The device type the native backend trains on: `asked` (`FASTAI_XLA_NATIVE_DEVICE`) if this machine has it, else `'tpu'` with Google's TorchTPU and a TPU chip (or a stand-in `tpu`), `'cpu'` without either; an error (never an abort) where the device is missing."
     if asked not in (None, 'tpu'): return check_device_type(asked)
     if google_torch_tpu() is None:
+        if stand_in_tpu(): return 'tpu'
         if asked == 'tpu': raise RuntimeError("FASTAI_XLA_NATIVE_DEVICE=tpu needs Google's TorchTPU: `pip install torch-tpu` on a TPU VM.")
         return 'cpu'
     if not tpu_pci_devices():
@@ -104,7 +110,7 @@ class NativeRuntime(Runtime):
 _NO_SPMD = ("The native backend (TorchTPU) has no SPMD partitioner of one process over every chip (TorchTPU shards "
             "with DTensor): train one process per chip with `to_tpu_distributed()` under `spawn`, or `learn.launch`.")
 
-# %% ../nbs/00e_backend_native.ipynb #fc57a7e0
+# %% ../nbs/00e_backend_native.ipynb #011e14c4
 @register_backend
 class Native(Backend):
     "PyTorch's own device (TorchTPU's `tpu`, `FASTAI_XLA_NATIVE_DEVICE`'s, else the CPU), replicas through `torch.distributed` (`tpu_dist`, else gloo)."
@@ -114,7 +120,11 @@ class Native(Backend):
         if self.runtime.lazy is not None:      # (a lazy device's own loop op: torch_xla's on `xla`, as its runtime ends the steps)
             self.loops = driving_backend(self.runtime.device_type)().loops
     no_spmd = _NO_SPMD
-    process_group = property(lambda self: 'tpu_dist' if self.runtime.device_type == 'tpu' else 'gloo')
+    @property
+    def process_group(self):
+        "TorchTPU's `tpu_dist` on its chip, else gloo (host copies: a stand-in `tpu` has no process group of its own)."
+        has_own = self.runtime.device_type == 'tpu' and 'tpu_dist' in getattr(torch.distributed.Backend, 'backend_list', ())
+        return 'tpu_dist' if has_own else 'gloo'
     @classmethod
     def runtime_for(cls, device_type): return NativeRuntime(device_type)
     @classmethod
@@ -126,7 +136,7 @@ class Native(Backend):
     @classmethod
     def trains_on_device_of(cls, other): return current_settings().native_device in backend_class(other).device_types
     @classmethod
-    def suits_machine(cls): return not has_torch_xla() and google_torch_tpu() is not None and bool(tpu_pci_devices())
+    def suits_machine(cls): return not has_torch_xla() and (stand_in_tpu() or (google_torch_tpu() is not None and bool(tpu_pci_devices())))
 
     def collectives(self, settings:Settings):
         if settings.transport == 'gloo': return ProcessGroupCollectives(settings, 'gloo')
@@ -140,8 +150,9 @@ class Native(Backend):
                                nprocs=_chip_replicas, before_start=_tpu_launch_env)
 
 def _chip_replicas(nprocs:int|None) -> int:
-    "The replicas to start on this host's chips: `nprocs` if TorchTPU can, else an error; None: one per chip."
+    "The replicas to start on this host's chips: `nprocs` if TorchTPU can, else an error; None: one per chip (a stand-in `tpu`: as many as asked)."
     chips = tpu_pci_devices()
+    if not chips and stand_in_tpu(): return nprocs or torch.tpu.device_count()
     return check_nprocs(nprocs or len(chips), chips)
 
 def _tpu_launch_env(nprocs:int):

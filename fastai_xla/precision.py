@@ -12,13 +12,15 @@ from .callback import *
 # %% auto #0
 __all__ = ['XLAMixedPrecision', 'xla_precision_cbs', 'refuse_float16', 'use_xla_precision', 'XLAPrecisionMethods']
 
-# %% ../nbs/06_precision.ipynb #432f7732
+# %% ../nbs/06_precision.ipynb #04f4bfd7
 class XLAMixedPrecision(MixedPrecision):
     "bfloat16 mixed precision on an XLA device: XLA autocast, no grad scaler."
     order = MixedPrecision.order
     def __init__(self): super().__init__(amp_mode=AMPMode.BF16)
     def before_fit(self):
-        self.autocast = torch.autocast(self.learn.xla_run.backend.runtime.autocast_device_type(), dtype=torch.bfloat16)
+        run = self.learn.__dict__.get('xla_run')   # (none: a learner exported from a run, loaded elsewhere)
+        device_type = run.backend.runtime.autocast_device_type() if run is not None else next(self.learn.model.parameters()).device.type
+        self.autocast = torch.autocast(device_type, dtype=torch.bfloat16)
         self.learn.scaler, self.scales = None, []
     def before_backward(self): pass
     def before_step(self): pass

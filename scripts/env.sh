@@ -71,8 +71,9 @@ dev_env() {   # .venv
     fi
 
     # added since .venv's spec: the docs' renderer where Quarto is missing (nbconvert), tests two at a time (pytest-xdist),
-    # timm's models for benchmarks/architectures.py, the linter (ruff, pinned: a new release may add findings)
-    DEV_EXTRAS="nbconvert pytest-xdist timm ruff==0.8.6"
+    # timm's models for benchmarks/architectures.py, the linter (ruff, pinned: a new release may add findings), ninja for
+    # torch's C++ extension builder (the eager `tpu` test device, tests/eager_tpu.py; it also needs a C++ compiler, g++)
+    DEV_EXTRAS="nbconvert pytest-xdist timm ruff==0.8.6 ninja"
     if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
         _pip "$ROOT/.venv" $DEV_EXTRAS
         echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"

@@ -13,8 +13,9 @@
 #   3. Kaggle's TPU image (.venv-kaggle: Python 3.12, torch/torch_xla 2.8 + fastai 2.8.7), fastai_xla installed with
 #      the README's command: the tests marked `stacks`, and the demo
 #   4. TorchTPU's stack (.venv-torchtpu: torch 2.13, torch-tpu 0.2.0, no torch_xla): what runs without a chip
-# Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native) on a device apart from the host: torch_xla's
-# CPU device (FASTAI_XLA_NATIVE_DEVICE=xla) stands in for TorchTPU's chip; replicas over gloo.
+# Stack 1 also runs the native backend's tests (FASTAI_XLA_BACKEND=native) on two devices apart from the host that stand
+# in for TorchTPU's chip: torch_xla's CPU device (FASTAI_XLA_NATIVE_DEVICE=xla, lazy) and the project's eager `tpu` test
+# device (FASTAI_XLA_NATIVE_DEVICE=tpu, tests/eager_tpu.py: built with a C++ compiler on the first use); replicas over gloo.
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
@@ -68,12 +69,15 @@ echo "== 1. $DEV: pytest"
 .venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
 NATIVE_FILES="tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py
-    tests/test_readme.py tests/test_preemption.py tests/test_text.py"
-echo "== 1. $DEV: pytest again on the native backend, its device apart from the host (FASTAI_XLA_BACKEND=native"
-echo "   FASTAI_XLA_NATIVE_DEVICE=xla: torch_xla's CPU device stands in for TorchTPU's chip; replicas over gloo)"
+    tests/test_readme.py tests/test_preemption.py tests/test_text.py tests/test_eager_tpu.py"
+echo "== 1. $DEV: pytest again on the native backend, on two devices apart from the host that stand in for TorchTPU's"
+echo "   chip (FASTAI_XLA_BACKEND=native; replicas over gloo): torch_xla's CPU device (FASTAI_XLA_NATIVE_DEVICE=xla, lazy),"
+echo "   then the eager \`tpu\` test device (FASTAI_XLA_NATIVE_DEVICE=tpu: tests/eager_tpu.py, built here on the first use)"
 # (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files, and the selection again on the host)
-FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=xla .venv/bin/python -m pytest -n 2 --dist loadfile \
-    -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" $NATIVE_FILES
+for device in xla tpu; do
+    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=$device .venv/bin/python -m pytest -n 2 --dist loadfile \
+        -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" $NATIVE_FILES
+done
 if [ $ALL = 1 ]; then
     FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=cpu .venv/bin/python -m pytest -n 2 --dist loadfile -m native "$@" $NATIVE_FILES
 fi

@@ -1,6 +1,8 @@
-import os
+import os, importlib.util
 os.environ.setdefault('PJRT_DEVICE', 'CPU')
 import pytest
+if os.environ.get('FASTAI_XLA_NATIVE_DEVICE') == 'tpu' and importlib.util.find_spec('torch_tpu') is None:
+    import eager_tpu  # noqa: F401 (the eager test device named `tpu`, tests/eager_tpu.py: in this process and those it starts)
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'readme: runs the README snippets as written (slow; the first pass of scripts/test.sh only)')
@@ -101,13 +103,15 @@ SLOW['test_torchrun.py'] = {
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
                              "classifier and language model on the XLA device), in the default run and on Colab's stack"}
 
-# Run again on the native backend by scripts/test.sh, on a device apart from the host (`FASTAI_XLA_BACKEND=native
-# FASTAI_XLA_NATIVE_DEVICE=xla`: torch_xla's CPU device stands in for TorchTPU's chip, replicas over gloo): the files below,
+# Run again on the native backend by scripts/test.sh, on two devices apart from the host that stand in for TorchTPU's
+# chip (`FASTAI_XLA_BACKEND=native`): torch_xla's CPU device (`FASTAI_XLA_NATIVE_DEVICE=xla`, lazy), and the project's
+# eager `tpu` test device (`FASTAI_XLA_NATIVE_DEVICE=tpu`: tests/eager_tpu.py, loaded above; eager like TorchTPU, and
+# the native backend's `tpu` branches run on it); replicas over gloo on both. The files below,
 # as they are, but these tests, which count what only torch_xla has (compiled graphs, traced XLA operations, device
 # reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
 # whatever the code does.
 NATIVE_FILES = ['test_single_device.py', 'test_replicas.py', 'test_checkpoint.py', 'test_launch.py', 'test_applications.py',
-                'test_readme.py', 'test_preemption.py', 'test_text.py']
+                'test_readme.py', 'test_preemption.py', 'test_text.py', 'test_eager_tpu.py']
 TORCH_XLA_ONLY = {
     'test_single_device.py': ['test_fastai_schedules_compile_in_the_first_epoch_only', 'test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1',
         'test_host_reads_per_epoch_do_not_grow_with_the_number_of_batches', 'test_no_hyper_parameter_value_compiles_late',
@@ -115,7 +119,7 @@ TORCH_XLA_ONLY = {
     'test_launch.py': ['test_launch_refuses_when_the_runtime_is_already_running'],
     'test_text.py': ['test_classifier_compiles_once_per_bucket'],
 }
-# The tests scripts/test.sh runs again on the native backend's stand-in device (the whole files with `--all`, which runs
+# The tests scripts/test.sh runs again on the native backend's stand-in devices (the whole files with `--all`, which runs
 # this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): learning, replicas, a checkpoint, a launch and a
 # preemption, the torch.distributed paths the native backend has of its own, and fastai's applications (images with
 # aug_transforms and Normalize on the device, segmentation, collab, tabular, text), each against eager CPU.
@@ -131,6 +135,7 @@ NATIVE_TESTS = {
     'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_segmentation_with_augmentation_and_dice',
                              'test_collab_from_a_ratings_frame'],
     'test_text.py': ['test_classifier_learns_like_eager'],
+    'test_eager_tpu.py': None,   # (skipped but on the eager `tpu` test device: FASTAI_XLA_NATIVE_DEVICE=tpu)
 }
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
 

@@ -11,7 +11,7 @@ BatchNorm and an LSTM equal to the CPU's; the device's own random generator; the
 refusal of `fork`, TorchTPU's launch environment set before replicas start, one process per device through
 `learn.launch` (two replicas meeting over gloo with host copies: the device has no process group of its own), the
 device's RNG state in a checkpoint's states, bf16 autocast, export and `get_preds`, the self-check; the README's vision
-recipe and a tabular learner against eager CPU. Not covered (what only a chip shows): asynchrony (every op of this device
+recipe and a tabular learner against eager CPU. `torchrun` on it: tests/test_torchrun.py (`[native-tpu]`). Not covered (what only a chip shows): asynchrony (every op of this device
 has finished when it returns), TorchTPU's precision of fp32 matmuls, its fusion and compiler, `tpu_dist` collectives."""
 import os, sys, json, subprocess, importlib.util
 from pathlib import Path

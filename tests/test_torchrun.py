@@ -3,7 +3,7 @@ places every process (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`...), hosts the store, 
 (`--max-restarts`). The script calls `to_tpu_distributed()` in each process, as under `spawn`, and the processes are one run.
 
 Covered: `torchrun --standalone --nproc-per-node=2` on both backends (torch_xla's CPU device, one per process; the native
-backend on torch_xla's device standing in for a chip), replicas over gloo through the agent's store; a replica SIGKILLed
+backend on torch_xla's device and on the eager `tpu` test device standing in for a chip), replicas over gloo through the agent's store; a replica SIGKILLed
 (as the out-of-memory killer does) with and without `--max-restarts`, the restarted attempt resuming from the last
 checkpoint; SIGTERM to the agent (a VM's shutdown); with `--all`, the multi-node form (two agents, `--rdzv-backend=c10d`).
 Not covered: separate machines (the "nodes" share this one), TorchTPU's `tpu_dist` group (no chip here)."""
@@ -53,7 +53,10 @@ def torchrun(tmp_path, *flags, kill=False, resume=False, env=None, timeout=600):
     return r, reports, time.time() - (float(killed.read_text()) if killed.exists() else t)   # (from the kill, where there was one)
 
 BACKENDS = {'torch_xla': {'FASTAI_XLA_BACKEND': 'torch_xla'},
-            'native': {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'xla'}}
+            'native': {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'xla'},
+            # the eager `tpu` test device (tests/eager_tpu.py), which every process loads at `import torch`
+            'native-tpu': {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'tpu', 'FASTAI_XLA_EAGER_TPU': '1',
+                           'PYTHONPATH': os.pathsep.join(p for p in (str(TESTS), os.environ.get('PYTHONPATH')) if p)}}
 
 def shards(reports, epoch, phase):
     return [sorted(i for e, p, ids in reports[r]['seen'] if (e, p) == (epoch, phase) for i in ids) for r in sorted(reports)]
@@ -65,8 +68,9 @@ def test_torchrun_standalone_is_one_run(tmp_path, backend):
     both end with the same weights. (Before: each process trained all 22 batches alone, and printed its own table.)"""
     r, reports, took = torchrun(tmp_path, '--standalone', '--nproc-per-node=2', env=BACKENDS[backend])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    assert sorted(reports) == [0, 1] and all(x['world'] == 2 and x['backend'] == backend for x in reports.values()), reports.keys()
-    assert all(x['device'].startswith('xla') for x in reports.values())          # (a device apart from the host, both ways)
+    assert sorted(reports) == [0, 1] and all(x['world'] == 2 and x['backend'] == backend.split('-')[0] for x in reports.values()), reports.keys()
+    device = 'tpu:0' if backend == 'native-tpu' else 'xla'
+    assert all(x['device'].startswith(device) for x in reports.values()), reports   # (a device apart from the host, every way)
     for epoch in range(3):
         train = shards(reports, epoch, 'train')
         assert not set(train[0]) & set(train[1]) and len(train[0]) == len(train[1]) == 22 * 32   # half of 44 batches each

@@ -37,7 +37,9 @@ def library() -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder/'build.lock', 'w') as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not built.exists(): _build(folder)
+        if not built.exists():   # (built beside, then moved in whole: a build cut short never leaves a broken library)
+            _build(folder/'build')
+            os.replace(folder/'build'/built.name, built)
     return built
 
 def _build(folder:Path):
@@ -47,6 +49,7 @@ def _build(folder:Path):
                            f"compiler (`{compiler}` is not on PATH): install one (`apt install g++`) or set CXX to one.")
     os.environ['PATH'] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"   # (the venv's ninja)
     from torch.utils import cpp_extension
+    folder.mkdir(exist_ok=True)
     cpp_extension.load(name='eager_tpu_device', sources=[str(SOURCE)], build_directory=str(folder),
                        extra_cflags=['-O2'], is_python_module=False, verbose=False)
 

@@ -29,7 +29,8 @@ batches to the device in a background thread, as it does by default on a TPU and
 Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
 through `learn.launch` on 2 replica processes over gloo (the CPU device's transport; each replica takes half the
 recipe's batch size, so the run takes one device's steps; the reads per epoch grow with the steps: gloo's all-reduce
-reads each step's gradients, as `tests/test_applications.py` says).
+reads each step's gradients, as `tests/test_applications.py` says). `--host-rounds N --recipes vision tabular` prints
+instead the host's time per step on XLA and in the hand-written loop, measured N times alternating, with the medians.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
 in the first epoch and in all later ones; host reads of the device per epoch (the most of any epoch); the metric
@@ -200,6 +201,28 @@ def run_hand_written(recipe, out) -> dict:
     train_reference(learn.model, train, valid, 3, bs=dls.train.bs, lr=lr, counts={1: timed, 2: counted})
     return host_and_calls(timed, counted)
 
+def host_rounds(recipe, out, rounds:int) -> dict:
+    """The host's CPU time per training step of `recipe` on XLA and in the hand-written loop, measured `rounds` times
+    alternating (so that a slow spell of this shared machine hits both): the medians and the median of the ratios."""
+    set_seed(0)
+    learn, metric, lr = RECIPES[recipe](out)
+    learn = learn.to_tpu_distributed(prefetch=2)
+    fit_recipe(learn, recipe, 1, lr, [])                  # (the graphs compiled once, before the rounds)
+    xla, loop = [], []
+    for _ in range(rounds):
+        xla.append(measure_host(learn, lr / 10)['host_ms'])
+        loop.append(run_hand_written(recipe, out)['host_ms'])
+    return dict(xla=statistics.median(xla), loop=statistics.median(loop),
+                ratio=statistics.median(a / b for a, b in zip(xla, loop)), ratios=[round(a / b, 2) for a, b in zip(xla, loop)])
+
+def print_host_rounds(recipes, out, rounds):
+    "`--host-rounds`: one table, the host's time per step on XLA against the hand-written loop, `rounds` alternating runs."
+    print('| recipe | rounds | host CPU ms / step: XLA (median) | hand-written loop (median) | XLA / loop (median) | each round |')
+    print('|---|---|---|---|---|---|')
+    for r in recipes:
+        h = host_rounds(r, out, rounds)
+        print(f"| {r} | {rounds} | {h['xla']:.1f} | {h['loop']:.1f} | {h['ratio']:.2f} | {' '.join(map(str, h['ratios']))} |", flush=True)
+
 def train_launched(learn, recipe, epochs, lr):
     "What each replica of `--launch` runs: the recipe's fit; the master's epochs' counters come back."
     stats = EpochStats(on_xla=True)
@@ -230,10 +253,15 @@ def main():
     p.add_argument('--recipes', nargs='+', default=list(RECIPES), choices=list(RECIPES))
     p.add_argument('--out', default='/tmp')
     p.add_argument('--launch', action='store_true', help="instead: each recipe through `learn.launch` on 2 replicas (gloo)")
+    p.add_argument('--host-rounds', type=int, default=0, help=f"instead: the host's time per step on XLA and in the "
+                   f"hand-written loop, this many alternating runs (recipes {', '.join(HAND_WRITTEN)})")
     a = p.parse_args()
     if a.epochs < 2: p.error('--epochs must be at least 2: the first epoch compiles and is not timed')
     if a.launch: return print_launched(a.recipes, Path(a.out), a.epochs)
     xla_device()         # before any CPU backward pass: autograd's engine must know the XLA device (see `check_autograd`)
+    if a.host_rounds:
+        if set(a.recipes) - set(HAND_WRITTEN): p.error(f"--host-rounds: the recipes with a hand-written loop, {' '.join(HAND_WRITTEN)}")
+        return print_host_rounds(a.recipes, Path(a.out), a.host_rounds)
     print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | '
           'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager | '
           'XLA calls by package | host CPU ms / step: eager | XLA | hand-written loop | XLA / loop |')

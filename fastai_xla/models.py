@@ -37,7 +37,7 @@ class CeilPoolOnXLA(XLAVersion):
 
 module_versions.register(nn.AvgPool2d, CeilPoolOnXLA)
 
-# %% ../nbs/13_models.ipynb #a382a537
+# %% ../nbs/13_models.ipynb #360634e3
 def _stats_dims(x, channel_axis:int=1) -> list:
     "The dimensions of `x` a batch norm takes its statistics over: all but the channels."
     return [d for d in range(x.ndim) if d != channel_axis]
@@ -58,21 +58,19 @@ class BatchNormOnXLA(XLAVersion):
         first = x.detach()[:1]
         shift = first.mean(_stats_dims(first), keepdim=True) if x.ndim > 2 else first
         updates = self.training and self.track_running_stats and self.running_mean is not None
-        if not updates: return super().forward(x - shift)
         shifted = x - shift
-        out = F.batch_norm(shifted, None, None, self.weight, self.bias, True, 0., self.eps)   # (no running statistics to update in place)
+        if not updates: return super().forward(shifted)
+        # (no running statistics to update in place; the batch's mean and 1/std come back with the output)
+        out, mean, invstd = torch.native_batch_norm(shifted, self.weight, self.bias, None, None, True, 0., self.eps)
         with torch.no_grad():
             buffers = self._buffers           # (set there directly: `Module.__setattr__` costs more than the rest of the update)
             buffers['num_batches_tracked'] = self.num_batches_tracked + 1
             f = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
-            d = shifted.detach()
-            dims, n = _stats_dims(d), d.numel() // d.shape[1]
-            mean = d.mean(dims, keepdim=True)
-            var = (d - mean).square().sum(dims) / (n - 1)           # (PyTorch keeps the unbiased variance; `var` traces slower)
-            mean = mean.view(-1)
+            n = x.numel() // x.shape[1]
+            var = (invstd.pow(-2) - self.eps) * (n / (n - 1))       # (PyTorch keeps the unbiased variance)
             # new tensors, not in-place updates: each in-place operation on an XLA tensor runs PyTorch's Python meta functions
-            buffers['running_mean'] = self.running_mean * (1 - f) + (mean + shift.view(-1)) * f
-            buffers['running_var'] = self.running_var * (1 - f) + var * f
+            buffers['running_mean'] = self.running_mean.lerp(mean + shift.view(-1), f)
+            buffers['running_var'] = self.running_var.lerp(var, f)
         return out
 
 class LayerNormOnXLA(XLAVersion):

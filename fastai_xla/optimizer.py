@@ -62,9 +62,10 @@ class GroupStep:
         for p, g in zip(self.ps, self.grads):
             if g is not p.grad: p.grad = g
 
-# %% ../nbs/02a_optimizer.ipynb #ba1ed7ad
+# %% ../nbs/02a_optimizer.ipynb #015cd24e
 def _scaled_add(xs, ys, c):
-    "`x + c*y` for each pair, out of place."
+    "`x + c*y` for each pair, out of place: one operation per pair where `c` is a tensor (a step's number on a lazy device)."
+    if isinstance(c, torch.Tensor): return torch._foreach_addcmul(xs, ys, [c] * len(xs))
     return torch._foreach_add(xs, torch._foreach_mul(ys, c))
 
 def add_each(xs, c):
@@ -89,14 +90,14 @@ def average_grad_group(g:GroupStep, mom, dampening=False, **kwargs):
     "fastai's `average_grad`: `grad_avg = mom*grad_avg + (1-mom if dampening else 1)*grad`."
     avgs = g.state('grad_avg')
     if dampening: new = lerp_each(avgs, g.grads, g.number(1 - mom))
-    else: new = torch._foreach_add(torch._foreach_mul(avgs, g.number(mom)), g.grads)
+    else: new = _scaled_add(g.grads, avgs, g.number(mom))
     g.set_state('grad_avg', new)
 
 def average_sqr_grad_group(g:GroupStep, sqr_mom, dampening=True, **kwargs):
     "fastai's `average_sqr_grad`: `sqr_avg = sqr_mom*sqr_avg + (1-sqr_mom if dampening else 1)*grad**2`."
     sqrs, sq = g.state('sqr_avg'), torch._foreach_mul(g.grads, g.grads)
     if dampening: new = lerp_each(sqrs, sq, g.number(1 - sqr_mom))
-    else: new = torch._foreach_add(torch._foreach_mul(sqrs, g.number(sqr_mom)), sq)
+    else: new = _scaled_add(sq, sqrs, g.number(sqr_mom))
     g.set_state('sqr_avg', new)
 
 def step_stat_group(g:GroupStep, **kwargs):

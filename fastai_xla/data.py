@@ -218,13 +218,14 @@ def item_tensors(dl, num_workers:int|None=None, max_bytes:int|None=None):
         batches.append(b)
     return cat_rows(batches)
 
-# %% ../nbs/02_data.ipynb #fd9ac4a6
+# %% ../nbs/02_data.ipynb #a5e7dcfe
 _worker_side = ('create_batches', 'create_item', 'create_batch', 'do_item', 'do_batch', 'retain')
 
 def can_keep_workers(dl, num_workers:int|None=None) -> bool:
     "Can the workers of the fastai loader `dl` be kept between epochs: workers, items by index, batches of `bs`, fastai's own worker-side methods?"
+    if not isinstance(dl, DataLoader): return False
     workers = dl.fake_l.num_workers if num_workers is None else num_workers
-    return (workers > 0 and dl.indexed and not dl.prebatched and isinstance(dl, DataLoader)
+    return (workers > 0 and dl.indexed and not dl.prebatched
             and all(getattr(type(dl), m) is getattr(DataLoader, m) for m in _worker_side))
 
 class _EpochTasks(torch.utils.data.Sampler):

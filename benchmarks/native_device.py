@@ -1,5 +1,5 @@
-"""The native backend (TorchTPU's path) on a device apart from the host, against eager CPU: the README's recipe and a
-tabular learner, the same epochs and seeds on each.
+"""The native backend (TorchTPU's path) on a device apart from the host, against fastai's own path (eager, on fastai's
+default device: the CPU, or CUDA on a GPU machine): the README's recipe and a tabular learner, the same epochs and seeds.
 
     FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=xla PJRT_DEVICE=CPU python benchmarks/native_device.py [--epochs 3]
 
@@ -10,9 +10,9 @@ GPU machine). Recipes:
   device), `vision_learner(resnet18, pretrained=False)`, `fit_one_cycle(epochs, 3e-3)`;
 - `tabular`: `TabularDataLoaders.from_df` (the 64 pixels as a frame, 8 of them categorical), `tabular_learner`,
   `fit_one_cycle(epochs, 1e-2)`.
-Columns: the metric at the end on eager CPU and on the native backend, their difference, and the devices of every input
+Columns: the metric at the end on fastai's own path and on the native backend, their difference, and the devices of every input
 the model got in the native fit (a forward pre-hook): a host tensor reaching a device model would fail, and one reaching
-the model at all would show here."""
+the model at all would show here; each fit's seconds (fastai's runs first: a card's start-up is in its time)."""
 import argparse, sys, tempfile, time, warnings
 from pathlib import Path
 warnings.filterwarnings('ignore')
@@ -58,11 +58,12 @@ def main(argv=None):
         with native.no_bar(), native.no_logging(): fit(native)
         native_s = time.time() - t
         e, n = float(eager.recorder.values[-1][-1]), float(native.recorder.values[-1][-1])
-        rows.append((name, f'{e:.3f}', f'{n:.3f}', f'{n - e:+.3f}', ', '.join(sorted(set().union(*inputs))), f'{eager_s:.0f} / {native_s:.0f}'))
+        rows.append((name, str(eager.dls.device), f'{e:.3f}', f'{n:.3f}', f'{n - e:+.3f}', ', '.join(sorted(set().union(*inputs))),
+                     f'{eager_s:.1f} / {native_s:.1f}'))
         print(f'{name}: done', file=sys.stderr)
     print(f'native backend on {device} ({s.native_device or "default"}), {a.epochs} epochs\n')
-    print('| recipe | accuracy, eager CPU | accuracy, native | difference | the model\'s inputs in the native fit | seconds, eager / native |')
-    print('|---|---|---|---|---|---|')
+    print("| recipe | fastai's own device | accuracy, fastai's own | accuracy, native | difference | the model's inputs in the native fit | seconds, fastai's own / native |")
+    print('|---|---|---|---|---|---|---|')
     for r in rows: print('| ' + ' | '.join(r) + ' |')
 
 if __name__ == '__main__': main()

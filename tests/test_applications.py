@@ -49,7 +49,10 @@ def assert_steady(epochs, perf, max_reads):
 
 def test_image_folder_with_aug_transforms_on_the_device(tmp_path):
     path = digits_folder(tmp_path/'digits', size=32)
-    fit = lambda l: l.fit_one_cycle(4, 1e-2)
+    # 6 epochs, so that the bounds below stand clear of the seeds' spread: over seeds 0-5 (measured on the host, 2026-11-28)
+    # fastai's own reached 0.883-0.903 and the native backend's 0.872-0.908, at most 0.031 apart. After 4 epochs they were
+    # 0.79-0.86 and up to 0.064 apart, and on an H100 (`cuda`, scripts/native_gpu.sh) seed 0 ended at 0.783.
+    fit = lambda l: l.fit_one_cycle(6, 1e-2)
     cpu = image_folder_learner(path)
     with cpu.no_bar(), cpu.no_logging(): fit(cpu)
     xla = image_folder_learner(path).to_xla(seed=0)

@@ -169,14 +169,16 @@ class RestoreAfterLRFind(Callback):
             rebind_optimizer(self.learn.opt, self.learn.model, {}, self.learn.splitter)
         self.learn.remove_cb(self)
 
-# %% ../nbs/03_callback.ipynb #b319c20e
+# %% ../nbs/03_callback.ipynb #8f43bea6
 class PaddingCallback(Callback):
     "Cut a static-shape batch's padding rows out before the loss and metrics; skip a batch of padding only."
     order, run_valid = TrainEvalCallback.order - 0.5, True
 
+    def before_train(self): self.batch_rows = []      # (each phase's, an empty one's too: `get_preds` reads them after)
+    def before_validate(self): self.batch_rows = []
+
     def before_batch(self):
         self.rows = self._real_rows()
-        if self.iter == 0: self.batch_rows = []
         self.batch_rows.append(find_bs(self.learn.xb) if self.rows is None else self.rows)
         if self.rows == 0: self._skip_batch()
 

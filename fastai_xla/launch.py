@@ -139,7 +139,7 @@ def _replica_entry(index, job_dir):
     "What every replica runs, whatever started it (torch's agent, `xmp.spawn`): the job in `job_dir`."
     _run_replica(job_dir)
 
-# %% ../nbs/04a_launch.ipynb #17801250
+# %% ../nbs/04a_launch.ipynb #0fb676e2
 def _no_room(e:OSError, where) -> OSError:
     "A launch's files could not be written into `where`: say what to do."
     return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
@@ -189,6 +189,7 @@ def launch(self:Learner,
           ):
     "Run `train(learn, *args, **kwargs)` on every replica; bring the trained weights and `Recorder` history back into `self`."
     settings = current_settings(backend=backend, transport=transport)
+    refuse_inside_a_run(settings, '`learn.launch`')
     nprocs = check_nprocs_arg(nprocs, settings.transport)
     chosen = backend_named(settings.backend)
     launcher = chosen.launcher(settings)

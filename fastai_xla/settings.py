@@ -13,7 +13,7 @@ from .backend import BACKENDS, Backend, backend_named
 __all__ = ['TRANSPORTS', 'TORCH_NAMES', 'SETTINGS_VARIABLES', 'this_thread', 'Settings', 'replica_env', 'current_settings',
            'current_backend']
 
-# %% ../nbs/00_settings.ipynb #71e972df
+# %% ../nbs/00_settings.ipynb #17f13400
 TRANSPORTS = ('xla', 'gloo')
 
 def _number(env, name:str, default, kind=float, low=None, high=None):
@@ -72,6 +72,16 @@ def _place(env, field:str, ours:str, read):
                          f"reads PyTorch's variables; or make them equal.")
     return mine if mine is not None else torch_value
 
+def _check_torch_pair(env):
+    "PyTorch's `RANK` and `WORLD_SIZE` come as a pair: one alone that places a replica in a group (a rank past 0, a world past 1) is refused, not ignored (which would train one replica alone)."
+    rank, world = env.get('RANK', '').strip(), env.get('WORLD_SIZE', '').strip()
+    alone = ('WORLD_SIZE', world, 'RANK') if world and not rank and world != '1' else ('RANK', rank, 'WORLD_SIZE') if rank and not world and rank != '0' else None
+    if alone is None: return
+    name, value, missing = alone
+    raise ValueError(f"{name}={value} is set but {missing} is not: PyTorch's names place a replica as a pair (torchrun sets RANK, "
+                     f"WORLD_SIZE, MASTER_ADDR and MASTER_PORT in every process). Set {missing} too, or unset {name} to train in "
+                     f"this process alone; to start several replicas, use torchrun, `learn.launch` or `spawn`.")
+
 _int = lambda low, high=None: (lambda env, name: _number(env, name, None, int, low=low, high=high))
 _text = lambda env, name: env.get(name, '').strip() or None
 
@@ -107,6 +117,12 @@ class Settings:
                   run_id=_text(env, 'TORCHELASTIC_RUN_ID'),
                   restart_count=_number(env, 'TORCHELASTIC_RESTART_COUNT', 0, int, low=0),
                   agent_store=env.get('TORCHELASTIC_USE_AGENT_STORE', '').strip().lower() == 'true')
+        _check_torch_pair(env)
+        if res.rank is not None and res.world_size is not None and res.rank >= res.world_size:
+            rank, world = (next(n for n in (ours, theirs) if env.get(n, '').strip()) for ours, theirs in
+                           (('FASTAI_XLA_RANK', 'RANK'), ('FASTAI_XLA_WORLD_SIZE', 'WORLD_SIZE')))
+            raise ValueError(f"{rank}={res.rank} must be below {world}={res.world_size}: replicas count from 0, so a run of "
+                             f"{res.world_size} has ranks 0 to {res.world_size - 1}.")
         # (a replica's environment must place it in its group; a launcher asked for `transport='gloo'` places its replicas itself)
         if res.transport == 'gloo' and transport is None: res.check_group('FASTAI_XLA_TRANSPORT=gloo')
         return res
@@ -121,6 +137,8 @@ class Settings:
         return self
 
     in_group = property(lambda self: self.rank is not None, doc="Is this replica one of a group of processes the settings name (rank, world size)?")
+    single_host = property(lambda self: self.world_size is None or (self.local_world_size or self.world_size) >= self.world_size,
+                           doc="Do all the run's replicas run on this host (as far as the settings say)?")
     supervised = property(lambda self: self.run_id is not None,
                           doc="Was this replica started by torch's elastic agent (torchrun, `learn.launch`, `spawn`), which watches every replica and stops them all when one ends badly?")
 
@@ -143,12 +161,13 @@ def replica_env(settings:Settings) -> dict:
     unset = lambda name, v: v is None or v is False or (name == 'restart_count' and v == 0)   # (the defaults of torch's agent's)
     return {_VARIABLES[f.name]: str(getattr(settings, f.name)) for f in fields(settings) if not unset(f.name, getattr(settings, f.name))}
 
-# %% ../nbs/00_settings.ipynb #f03034b6
+# %% ../nbs/00_settings.ipynb #8f404cad
 class _ThisThread(threading.local):
     "What belongs to the replica the current thread trains as."
     settings = None   # given by a launcher of replica threads, instead of the environment (see `current_settings`)
     run = None        # the run this thread's learner made (see `Run.enter`)
-    collectives = None   # the collectives of this thread before any run (`replica_collectives`, 00b_run)
+    collectives = None   # the collectives of this thread: before any run (`replica_collectives`, 00b_run), then its runs'
+    stores = 0           # the run stores this thread opened (`Run.open_store`: each run meets in rooms of its own)
 
 this_thread = _ThisThread()
 os.register_at_fork(after_in_child=lambda: this_thread.__dict__.clear())   # a forked replica is a replica of its own

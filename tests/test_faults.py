@@ -163,6 +163,41 @@ def test_a_corrupted_or_truncated_resume_checkpoint(tmp_path):
         fault_row(f'a {name} resume checkpoint', f"`...run.pth {str(e.value).split('run.pth ', 1)[1][:60]}...`", time.time() - t,
                   'that checkpoint (written atomically, it is damaged only from outside)')
 
+def test_a_checkpoint_of_random_bytes_is_called_damaged_not_malicious(tmp_path):
+    "A checkpoint overwritten with random bytes: 'not a readable checkpoint', nothing loaded, and no advice to load it unsafely (before: 'holds more than weights', with `weights_only=False` advised)."
+    learn = linear_digits_learner(path=tmp_path).to_xla(seed=0)
+    learn.save('model')
+    (tmp_path/'models'/'model.pth').write_bytes(np.random.default_rng(0).bytes(4096))
+    t = time.time()
+    with pytest.raises(RuntimeError) as e: linear_digits_learner(path=tmp_path).to_xla(seed=0).load('model')
+    said = str(e.value)
+    assert 'model.pth is not a readable checkpoint (truncated or corrupted?)' in said and 'Nothing of it was loaded' in said, said
+    assert 'weights_only=False' not in said and 'more than weights' not in said, said
+    fault_row('a checkpoint overwritten with random bytes', f"`...model.pth {said.split('model.pth ', 1)[1][:70]}...`", time.time() - t,
+              'that checkpoint (nothing of it loaded)')
+
+def test_a_marker_that_is_not_ours_does_not_stop_saves(tmp_path):
+    "`.run.pth.saves` holding `{}` (or anything not a marker of ours): saves and loads go on (before: every save raised a bare `KeyError: run`); the marker names no run id in clear."
+    learn = linear_digits_learner(path=tmp_path).to_xla(seed=0)
+    for junk in ('{}', '[1, 2]', 'not json'):
+        (tmp_path/'models').mkdir(exist_ok=True)
+        (tmp_path/'models'/'.run.pth.saves').write_text(junk)
+        learn.save('run'); learn.load('run')
+        marker = json.loads((tmp_path/'models'/'.run.pth.saves').read_text())
+        assert marker['count'] >= 1 and learn.xla_run.run_id not in json.dumps(marker), marker
+    fault_row('the checkpoint marker `.run.pth.saves` holds `{}` (or any file not a marker)', 'nothing: the next save writes it anew',
+              None, 'nothing')
+
+def test_validate_and_get_preds_with_an_empty_validation_set_answer_as_fastai(tmp_path):
+    "An XLA learner whose validation set is empty, before any fit: `validate()` and `get_preds()` answer as fastai's do (before: `'TabularModel' object has no attribute 'batch_rows'`)."
+    df, cats, conts = digits_frame()
+    to = TabularPandas(df, procs=[Categorify, TabNormalize], cat_names=cats, cont_names=conts, y_names='digit',
+                       y_block=CategoryBlock(), splits=[list(range(len(df))), []])
+    learns = [tabular_learner(to.dataloaders(bs=64, num_workers=0), layers=[10], metrics=accuracy) for _ in range(2)]
+    eager, on_xla = learns[0], learns[1].to_xla()
+    for learn in (eager, on_xla):
+        with learn.no_bar(): assert list(learn.validate()) == [None, None] and tuple(learn.get_preds()) == (None, None)
+
 BAD_VALUES = [('FASTAI_XLA_TIMEOUT', '-1'), ('FASTAI_XLA_FAULT_GRACE', 'soon'), ('FASTAI_XLA_HEARTBEAT', '0'),
               ('FASTAI_XLA_TRANSPORT', 'mpi'), ('FASTAI_XLA_RANK', '-1'), ('FASTAI_XLA_WORLD_SIZE', '0'),
               ('FASTAI_XLA_LOCAL_RANK', 'first'), ('FASTAI_XLA_LOCAL_WORLD_SIZE', '0'), ('FASTAI_XLA_MASTER_PORT', 'port')]

@@ -100,6 +100,66 @@ def test_launch_a_function_defined_in_main(tmp_path, launch_kwargs, world):
     said = r"bound by" if os.environ.get('FASTAI_XLA_BACKEND') != 'native' else r"\d+% of the epoch is the host's work and the device's .* cannot say"
     assert re.search(r'fit 1, epochs 1-2: ' + said, report), report
 
+SPAWN_SCRIPT = '''
+    import os, sys
+    from fastai_xla.all import *
+    from fastai.tabular.all import *
+    from fastai_xla.demo import digits_frame
+
+    def train(index):                  # a script's function: its fresh interpreters unpickle it by value, fastai_xla not named
+        df, cats, conts = digits_frame()
+        to = TabularPandas(df, procs=[Categorify, Normalize], cat_names=cats, cont_names=conts, y_names='digit',
+                           y_block=CategoryBlock(), splits=RandomSplitter(0.2, seed=42)(range_of(df)))
+        learn = tabular_learner(to.dataloaders(bs=64, num_workers=0), layers=[100, 50], metrics=accuracy).to_tpu_distributed(seed=0)
+        learn.fit(2, 1e-2)
+        if is_master(): print('FINAL', learn.recorder.values[-1][2], replica_count())
+
+    if __name__ == '__main__':
+        spawn(train, {kwargs})
+'''
+
+@pytest.mark.parametrize('how', ["nprocs=2, transport='gloo'", 'native'])
+def test_spawn_from_a_script_in_fresh_interpreters(tmp_path, how):
+    """A script's `spawn` of a function that names fastai's tabular learner and calls `to_tpu_distributed`, its replicas fresh
+    interpreters (the start method 'spawn'): over gloo on torch_xla's device, and the native backend's process per chip (2 on the
+    host here). Before: every replica ended with "'TabularModel' object has no attribute 'to_tpu_distributed'" (nothing there
+    imported fastai_xla's patches before unpickling the function)."""
+    native = how == 'native'
+    script = textwrap.dedent(SPAWN_SCRIPT.format(kwargs='nprocs=2' if native else how))
+    env = {**os.environ, 'PJRT_DEVICE': 'CPU', **({'FASTAI_XLA_BACKEND': 'native'} if native else {})}
+    (tmp_path/'script.py').write_text(script)
+    r = subprocess.run([sys.executable, 'script.py'], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    acc, world = re.search(r'FINAL ([0-9.]+) (\d+)', r.stdout).groups()
+    assert float(acc) > 0.85 and world == '2' and header_count(r.stdout) == 1, r.stdout[-2000:]
+
+AGAIN_IN_LAUNCH = '''
+    from fastai_xla.all import *
+    from fastai_xla.demo import digits_dls
+    from fastai.vision.all import *
+    learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
+
+    def train(learn):
+        learn.to_tpu_distributed(seed=0)             # (converted again in the replica)
+        learn.fit(1, 1e-2)
+        other = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy).to_tpu_distributed(seed=0)
+        other.fit(1, 1e-2)
+        try: learn.launch(lambda l: None, nprocs=2, transport='gloo'); refused = ''
+        except RuntimeError as e: refused = str(e)
+        return refused, float(other.recorder.values[-1][2])
+
+    refused, acc = learn.launch(train, nprocs=2, transport='gloo')
+    print('REFUSED', refused)
+    print('ACC', acc, learn.recorder.values[-1][2])
+'''
+
+def test_converted_again_and_a_second_learner_in_a_launch(tmp_path):
+    "In a replica of `learn.launch`: `to_tpu_distributed` again, a second learner, each trains; a `learn.launch` there is refused by name."
+    out = run_script(tmp_path, AGAIN_IN_LAUNCH)
+    assert 'REFUSED `learn.launch` starts the replicas of a run, and this process is already replica 0 of 2' in out, out[-2000:]
+    accs = [float(a) for a in re.search(r'ACC ([0-9.]+) ([0-9.]+)', out).groups()]
+    assert min(accs) > 0.8, accs
+
 SIGTERM_TO_A_REPLICA = '''
     import os, sys, signal, time
     from fastai_xla.all import *

@@ -13,7 +13,8 @@ import json, os, pickle, threading, time
 import pytest
 import torch.distributed as dist
 from helpers import *
-from test_faults import start_replicas, wait_all
+import subprocess, sys
+from test_faults import start_replicas, wait_all, TESTS
 from fastai_xla.replicas import free_port
 from datetime import timedelta   # (after helpers' star import, which brings `datetime` the class)
 
@@ -73,3 +74,90 @@ def test_a_stranger_without_the_secret_can_neither_stop_nor_preempt_nor_run_code
     fault_row('a stranger on the network, without the run\'s secret, writes a failure, "yes" votes and a pickle that would run a '
               'command into a 2-host run\'s store', 'nothing: the run trains to its end, nothing runs (a store beyond loopback '
               'without `FASTAI_XLA_SECRET` is refused)', None, 'nothing')
+
+# Under torchrun: torch's agent serves its store on every interface, whatever MASTER_ADDR says, and its run id is no secret
+# (`none` under plain torchrun, the `--rdzv-id` of the two-agent form, a uuid in torch's logs under `--standalone`). The
+# stranger knows the run id here (the script hands it over, as a log would), and writes under every name it could derive.
+TORCHRUN_SCRIPT = """
+import os, sys, json, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+Path(f"where-{{os.environ['RANK']}}.json").write_text(json.dumps(dict(port=int(os.environ['MASTER_PORT']),
+                                                                      run_id=os.environ['TORCHELASTIC_RUN_ID'])))
+from helpers import *
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
+class Slowly(Callback):
+    def after_batch(self): time.sleep(0.03)
+learn.fit(5, 1e-2, cbs=[ResumeCallback('run', check_every=1), Slowly()])
+Path(f'done-{{replica_ordinal()}}.json').write_text(json.dumps(dict(epochs=len(learn.recorder.values))))
+"""
+
+def _stranger_knowing(where_file, addr, stop, acts):
+    "Wait for the run's port and id, then write, from the network address, under every name a run without a secret used."
+    deadline = time.time() + 120
+    while not where_file.exists() and not stop.is_set() and time.time() < deadline: time.sleep(0.05)
+    if not where_file.exists(): return
+    where = json.loads(where_file.read_text())
+    names = ['', 'run/', 'run//'] + [private_prefix(where['run_id'], room) for room in ('run', 'group')]
+    try: store = dist.TCPStore(addr, where['port'], is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5))
+    except Exception as e: acts.append(f'refused: {e}'); return
+    acts.append('connected')
+    payload = pickle.dumps(_RunsACommand())
+    while not stop.is_set():
+        try:
+            for prefix in names:
+                store.set(f'{prefix}failed', '1|a stranger stopped this run')
+                for n in range(1, 100): store.add(f'{prefix}vote/{n}/yes', 1)
+                for r in (0, 1): store.set(f'{prefix}every_replica/{r}', payload)
+        except Exception: return
+        acts.append('wrote')
+        time.sleep(0.05)
+
+FORMS = {'plain': ['--nproc-per-node=2'], 'standalone': ['--standalone', '--nproc-per-node=2'], 'two-agents': None}
+
+@pytest.mark.parametrize('form', list(FORMS))
+def test_a_stranger_cannot_stop_a_torchrun_run(tmp_path, form):
+    """A stranger on the network reaches torch's agent's store from this host's network address (it listens on every
+    interface), knows the run id, and writes failures, "yes" votes and a pickle under every name a run without a secret used.
+    Plain `torchrun` and `--standalone` have no `FASTAI_XLA_SECRET`: their replicas make one and share it in the agent's
+    private folder; the two-agent form (two "hosts") has the user's. The run trains to its end untouched. Before: every
+    replica printed "preempted (a signal to another replica)" and exited 75."""
+    addr = network_address()
+    if addr is None: pytest.skip('this machine has no network address apart from loopback')
+    (tmp_path/'train.py').write_text(TORCHRUN_SCRIPT.format(tests=str(TESTS)))
+    env, port = {**os.environ, 'PJRT_DEVICE': 'CPU'}, free_port()
+    run = [sys.executable, '-m', 'torch.distributed.run']
+    if form == 'two-agents':
+        env['FASTAI_XLA_SECRET'] = 'a-run-secret-0123456789abcdef'
+        cmds = [run + ['--nnodes=2', f'--node-rank={n}', '--nproc-per-node=1', '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}',
+                       '--rdzv-id=a-documented-id', 'train.py'] for n in range(2)]
+    else: cmds = [run + FORMS[form] + ([f'--master-port={port}'] if form == 'plain' else []) + ['train.py']]
+    procs = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    stop, acts = threading.Event(), []
+    stranger = threading.Thread(target=_stranger_knowing, args=(tmp_path/'where-0.json', addr, stop, acts), daemon=True)
+    stranger.start()
+    try: outs = [p.communicate(timeout=400) for p in procs]
+    finally: stop.set(); stranger.join(10)
+    assert 'connected' in acts and acts.count('wrote') >= 3, acts[:5]      # (the store was reachable: the secret is what held)
+    assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
+    for r in range(2): assert json.loads((tmp_path/f'done-{r}.json').read_text())['epochs'] == 5
+    assert not (tmp_path/'pwned').exists() and not any('stranger' in o[1] or 'preempted' in o[1] for o in outs)
+    if form == 'standalone':                                                 # (the secret: in no file others may read)
+        assert not list(tmp_path.rglob('*secret*')) and 'run_id' not in (tmp_path/'models'/'.run.pth.saves').read_text()
+    fault_row(f"a stranger on the network, knowing the run id, writes a failure, \"yes\" votes and a pickle into torch's agent's store "
+              f"(`torchrun {' '.join(FORMS[form] or ['--nnodes=2 ... --rdzv-id=...'])}`, which listens on every interface)",
+              'nothing: the run trains to its end (its keys are named after a secret: the user\'s, or one its replicas share in the '
+              'agent\'s private folder)', None, 'nothing')
+
+def test_several_hosts_under_torchrun_without_a_secret_are_refused(tmp_path):
+    "The two-agent form (two hosts) without `FASTAI_XLA_SECRET`: every replica refuses at `to_tpu_distributed`, saying what to set."
+    (tmp_path/'train.py').write_text(TORCHRUN_SCRIPT.format(tests=str(TESTS)))
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', f'--node-rank={n}', '--nproc-per-node=1',
+                               '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}', '--rdzv-id=a-documented-id', 'train.py'],
+                              cwd=tmp_path, env={**os.environ, 'PJRT_DEVICE': 'CPU'}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for n in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    for _, err in outs:
+        assert "torch's agent serves this run's store on every network interface" in err and 'FASTAI_XLA_SECRET' in err, err[-3000:]

@@ -161,3 +161,75 @@ def test_the_multi_node_form(tmp_path, nodes):
     assert sorted(reports) == [0, 1] and reports[0]['params'] == reports[1]['params'] and reports[0]['run_id'] == 'multi-node-test'
     train = shards(reports, 0, 'train')
     assert not set(train[0]) & set(train[1])
+
+AGAIN = '''
+import os, sys, json
+sys.path.insert(0, {tests!r})
+from helpers import *
+# a learner converted twice (a notebook cell run again), then a second learner in the same process: each trains, none hangs
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
+learn.to_tpu_distributed(seed=0)
+learn.fit(1, 1e-2)
+other = tabular_digits_learner().to_tpu_distributed(seed=0)
+other.fit(1, 1e-2)
+learn.fit(1, 1e-2)                                           # (the first learner again, after the second)
+try: learn.launch(lambda l: None, nprocs=2, transport='gloo'); refused = None
+except RuntimeError as e: refused = str(e)
+Path(f'replica-{{replica_ordinal()}}.json').write_text(json.dumps(dict(rank=replica_ordinal(), refused=refused,
+    accuracy=[float(final(learn, 'accuracy')), float(final(other, 'accuracy'))],
+    params=[to_host(p).flatten().tolist() for p in learn.model.parameters()])))
+'''
+
+def test_converted_twice_two_learners_and_a_launch_inside_torchrun(tmp_path):
+    """Under torchrun: `to_tpu_distributed()` called twice on a learner, then a second learner, then the first again: each fits,
+    the replicas agree, nothing hangs (before: the second call built a gloo group under the first one's keys and hung in 9 of
+    19 tries). `learn.launch` inside a torchrun replica is refused by name (before: each replica launched 2 more)."""
+    (tmp_path/'train.py').write_text(AGAIN.format(tests=str(TESTS)))
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', 'train.py'], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=400, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    reports = [json.loads((tmp_path/f'replica-{n}.json').read_text()) for n in range(2)]
+    assert reports[0]['params'] == reports[1]['params']
+    assert all(min(x['accuracy']) > 0.8 for x in reports), reports[0]['accuracy']
+    for x in reports:
+        assert '`learn.launch` starts the replicas of a run, and this process is already replica' in x['refused'], x['refused']
+        assert 'started by torchrun' in x['refused'] and 'learn.to_tpu_distributed()' in x['refused']
+
+NAN = '''
+import os, sys, json, time
+sys.path.insert(0, {tests!r})
+from helpers import *
+class NaNOnReplica1(Callback):
+    "Replica 1's loss is not a number at epoch 1's 4th training batch (a bad batch of its shard)."
+    def after_loss(self):
+        if replica_ordinal() == 1 and self.training and (self.epoch, self.iter) == (1, 3):
+            self.learn.loss_grad = self.learn.loss_grad * float('nan'); self.learn.loss = self.learn.loss_grad.clone()
+            Path('nan-at').write_text(repr(time.time()))
+learn = linear_digits_learner().to_tpu_distributed(seed=0)
+learn.fit(4, 1e-2, cbs=[NaNOnReplica1(), TerminateOnNaNCallback()])
+stopped, stopped_at = (len(learn.recorder.values), learn.epoch, learn.iter), time.time()
+fresh = linear_digits_learner().to_tpu_distributed(seed=0)    # (the replicas go on together: a new learner trains)
+fresh.fit(1, 1e-2)
+Path(f'replica-{{replica_ordinal()}}.json').write_text(json.dumps(dict(stopped=stopped, stopped_at=stopped_at, after=[float(v) for v in fresh.validate()])))
+'''
+
+def test_a_nan_on_one_replica_cancels_every_replica_named(tmp_path):
+    """fastai's `TerminateOnNaNCallback` on a NaN loss of replica 1 alone (under torchrun): replica 1 cancels its fit, and
+    replica 0's fit is cancelled at its next collective, both in the same epoch, each saying who cancelled, where and why;
+    both exit 0, and go on together (a fit and a `validate` after it). Before: replica 1 ended alone, replica 0 failed in the
+    all-reduce ("Connection closed by peer") and torchrun blamed rank 0, the NaN named nowhere."""
+    (tmp_path/'train.py').write_text(NAN.format(tests=str(TESTS)))
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', 'train.py'], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=400, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    reports = [json.loads((tmp_path/f'replica-{n}.json').read_text()) for n in range(2)]
+    assert all(x['stopped'][1] == 1 for x in reports), reports                   # (both stopped in epoch 1)
+    said = "replica 1's fit was cancelled by TerminateOnNaNCallback.after_batch at epoch 1, training batch 3, its loss nan"
+    assert f'fastai_xla: {said}: every replica stops its fit' in r.stderr, r.stderr[-3000:]
+    assert f'fastai_xla: replica 0 stops its fit too, because {said}' in r.stderr, r.stderr[-3000:]
+    assert reports[0]['after'] == reports[1]['after'] and reports[0]['after'][1] > 0.8, reports   # (the fit after: together)
+    took = max(x['stopped_at'] for x in reports) - float((tmp_path/'nan-at').read_text())
+    assert took < 30, took
+    fault_row("a NaN loss on one replica under torchrun with fastai's `TerminateOnNaNCallback`",
+              'every replica cancels its fit in the same epoch, each naming the callback, the epoch, the batch and the loss; all '
+              'exit 0 and can fit again (seconds: from the NaN to the last replica out of its fit)', took, 'nothing (the fit stops where fastai stops it)')

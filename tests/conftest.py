@@ -135,6 +135,7 @@ NATIVE_TESTS = {
     'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_segmentation_with_augmentation_and_dice',
                              'test_collab_from_a_ratings_frame'],
     'test_text.py': ['test_classifier_learns_like_eager'],
+    'test_readme.py': ['test_readme_snippet_runs_as_written[script]'],   # (the script form's `spawn`: fresh interpreters)
     'test_eager_tpu.py': None,   # (skipped but on the eager `tpu` test device: FASTAI_XLA_NATIVE_DEVICE=tpu)
 }
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'

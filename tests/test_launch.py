@@ -160,6 +160,25 @@ def test_converted_again_and_a_second_learner_in_a_launch(tmp_path):
     accs = [float(a) for a in re.search(r'ACC ([0-9.]+) ([0-9.]+)', out).groups()]
     assert min(accs) > 0.8, accs
 
+FP16_HABIT = '''
+    from fastai_xla.all import *
+    from fastai_xla.demo import digits_dls
+    from fastai.vision.all import *
+    learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy).to_fp16()   # (a GPU user's habit)
+    def train(learn): learn.fit(1, 1e-2)
+    try: learn.launch(train, nprocs=2, transport='gloo')
+    except ValueError as e: print('REFUSED', str(e))
+    learn.to_bf16()                    # (what the refusal says)
+    learn.launch(train, nprocs=2, transport='gloo')
+    print('ACC', learn.recorder.values[-1][2])
+'''
+
+def test_a_gpu_habit_to_fp16_then_to_bf16_through_launch(tmp_path):
+    "`to_fp16()` through `learn.launch`: refused, saying to call `to_bf16()`; after it, the launch trains in bfloat16 (before: `to_bf16()` after `to_fp16()` was refused again, and a launch ended in `AttributeError: ... 'metric_names'`)."
+    out = run_script(tmp_path, FP16_HABIT)
+    assert 'REFUSED float16 mixed precision' in out and 'the precision asked last is the one used' in out, out[-2000:]
+    assert float(re.search(r'ACC ([0-9.]+)', out).group(1)) > 0.7, out[-2000:]
+
 SIGTERM_TO_A_REPLICA = '''
     import os, sys, signal, time
     from fastai_xla.all import *

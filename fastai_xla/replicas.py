@@ -55,7 +55,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #4b3fb8fe
+# %% ../nbs/00c_replicas.ipynb #28fee337
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -114,7 +114,7 @@ def _agent_secret_file() -> Path:
 _agent_secrets = {}   # (file -> secret: read once a process)
 
 def agent_secret() -> str:
-    "The secret of a run torch's agent started on this host: the first of its replicas makes it and writes it, readable by this user alone, where every replica of the agent finds it (`_agent_secret_file`); the others read it there. The agent's restarted attempts keep it."
+    "The secret of a run torch's agent started on this host: the first of its replicas makes it and writes it, readable by this user alone, where every replica of the agent finds it (the agent's private folder for the run); the others read it there. The agent's restarted attempts keep it."
     path = _agent_secret_file()
     if path not in _agent_secrets:
         if not path.exists():

@@ -161,3 +161,6 @@ def test_several_hosts_under_torchrun_without_a_secret_are_refused(tmp_path):
     assert all(p.returncode != 0 for p in procs)
     for _, err in outs:
         assert "torch's agent serves this run's store on every network interface" in err and 'FASTAI_XLA_SECRET' in err, err[-3000:]
+    fault_row('torchrun on several hosts (two agents) without `FASTAI_XLA_SECRET`', "every replica refuses at `to_tpu_distributed`: "
+              "`ValueError: torch's agent serves this run's store on every network interface of its host ... Give every host of the "
+              "run the same secret in FASTAI_XLA_SECRET ...`", None, 'nothing (nothing ran)')

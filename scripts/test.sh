@@ -19,11 +19,12 @@
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
 # what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: 28 min 47 s on a fresh clone of this project's 2-core machine on 2026-11-28 (pip's
-# cache warm: .venv 1 min 12 s; from nothing about 2 minutes more), set-up included (stack 1's pytest 13 min 40 s with the
-# linter, the tabular-imports and import-graph tests; the native backend's steps on its two stand-in devices 4 min 26 s,
-# the eager `tpu` device found built in ~/.cache/fastai_xla (building it takes about 12 s); the image stacks' set-up beside
-# stack 1; Colab 5 min 49 s; Kaggle 2 min 25 s and its demo 1 min 15 s beside TorchTPU's 1 min 4 s and the docs). The goal: at
+# minutes more. The default run is CI's: 32 min 33 s on a fresh clone of this project's 2-core machine on 2026-11-28 at
+# 8dd05a5 (pip's cache warm: .venv 1 min 21 s; from nothing about 2 minutes more), set-up included (stack 1's pytest 16 min 1 s
+# with the linter, the tabular-imports and import-graph tests, the strangers against torchrun's three forms; the native
+# backend's steps on its two stand-in devices 6 min 9 s, the README's script snippet among them; the eager `tpu` device
+# found built in ~/.cache/fastai_xla (building it takes about 12 s); the image stacks' set-up beside stack 1; Colab 5 min
+# 37 s; Kaggle 2 min 18 s and its demo 1 min 7 s beside TorchTPU's 57 s and the docs). The goal: at
 # most 50. Other arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi

@@ -130,7 +130,7 @@ class StartedAgain(Callback):
                   "attempt stopped, add `cbs=ResumeCallback(name)` and `start_epoch=learn.load_resume(name, missing_ok=True)` to the fit.",
                   file=sys.stderr, flush=True)
 
-# %% ../nbs/04_distributed.ipynb #1b17eb17
+# %% ../nbs/04_distributed.ipynb #6301b938
 class FollowedCancel(CancelFitException):
     "This replica's fit, cancelled because another replica cancelled its own (`Run.cancel_everywhere`)."
 
@@ -158,23 +158,19 @@ class EveryReplicaCancels(Callback):
         if e is None or isinstance(e, FollowedCancel): return     # (one this replica followed: noted by who cancelled)
         why = cancelled_by(self.learn, e)
         print(f'fastai_xla: {why}: every replica stops its fit', file=sys.stderr, flush=True)
-        self.learn.xla_run.cancel_everywhere(why)
-    def after_fit(self): self.learn.xla_run.fit_cancel = None
+        self.learn.xla_run.cancel_everywhere(why)   # (`XLALearner.fit` clears `fit_cancel` when the fit ends, however it ends)
 
-# %% ../nbs/04_distributed.ipynb #253852d9
+# %% ../nbs/04_distributed.ipynb #c95adf4d
 _leaving = []   # (the handler, once registered in this process)
 
 def leave_in_order():
-    "Take this process's runs apart before interpreter shutdown does: pending device work finished, process groups left, stores dropped."
+    "Take this process's runs apart before interpreter shutdown does: pending device work started, process groups left, stores dropped."
     run = this_thread.run
     if run is None: return
-    try: run.finish()
-    except Exception: pass
     try: step_boundary()                               # (torch_xla's own exit handler then waits for the device)
     except Exception: pass
-    for collectives in {id(c): c for c in (run.collectives, this_thread.collectives) if c is not None}.values():
-        try: collectives.close()
-        except Exception: pass
+    try: run.collectives.close()                       # (every run of the thread shares them: `Run`)
+    except Exception: pass
     run.store = None
     sys.stdout.flush(); sys.stderr.flush()
 

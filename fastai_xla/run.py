@@ -16,7 +16,7 @@ from .agent import watch_launcher
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
            'ReplicasDiverged', 'master_gone_message', 'ended_with', 'TellingFailures']
 
-# %% ../nbs/00b_run.ipynb #e0fd6e40
+# %% ../nbs/00b_run.ipynb #98d71672
 def new_run_id() -> str: return uuid.uuid4().hex[:16]
 
 class Run:
@@ -95,8 +95,8 @@ class Run:
 
     def barrier(self, tag:str='barrier'):
         "Wait until every replica gets here: their meeting in the store is one (no device work, no device read); without a store, the collectives' barrier."
-        if self.together and self.store is None: self._collective(tag, lambda: self.collectives.barrier(tag))
-        elif self.together: self.meet(tag)
+        if self.store is None: self._collective(tag, lambda: self.collectives.barrier(tag))
+        else: self._talk(tag)
 
     def agree(self, seed:int|None=None):
         "Every replica takes the master's run id and seed (`seed`, else one the master draws from Python's `random`, which `set_seed` seeds)."

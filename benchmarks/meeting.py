@@ -11,6 +11,7 @@ import argparse, time
 import torch.distributed as dist
 from fastai_xla.backend import Collectives
 from fastai_xla.run import Run
+from fastai_xla.settings import current_settings
 
 class TwoReplicas(Collectives):
     def count(self): return 2
@@ -20,7 +21,7 @@ def main():
     p.add_argument('--n', type=int, default=2000)
     n = p.parse_args().n
     store = dist.TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)
-    run = Run(device='cpu')
+    run = Run(current_settings(), device='cpu')
     run.collectives, run.store = TwoReplicas(), store
     for i in range(1, n + 1): store.set(f'{i}/1', 'the same collective')
     t = time.perf_counter()

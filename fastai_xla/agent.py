@@ -87,7 +87,7 @@ class ReplicasFailed(RuntimeError):
         super().__init__(f"{records[first]}{more}")
     statuses = property(lambda self: {r: x.status for r, x in self.records.items()}, doc="`{rank: exit status}` (None: stopped by the launcher)")
 
-# %% ../nbs/00f_agent.ipynb #cf5de1aa
+# %% ../nbs/00f_agent.ipynb #e2977494
 # what torch's agent sets in a replica's environment: kept over the launching process's
 _AGENT_VARIABLES = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_NAME',
                     'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'TORCH_NCCL_ASYNC_ERROR_HANDLING', 'OMP_NUM_THREADS')
@@ -147,7 +147,7 @@ def replica_main(folder) -> int:
         os.environ.clear(); os.environ.update({**env, **agents})
         watch_launcher(launcher)
         base = current_settings()
-        runtime = backend_named(base.backend).runtime
+        runtime = backend_for(base).runtime
         if threads > 1:
             runtime.prepare_threads(threads)
             process_signals.install(('SIGTERM',))           # (a preemption's notice, for the threads' `ResumeCallback`s)
@@ -253,7 +253,7 @@ def wait_for_agent(done:threading.Event, pids, tick=None, grace:float=5.) -> dic
     if tick is not None: tick()
     return passed
 
-# %% ../nbs/00f_agent.ipynb #193fe585
+# %% ../nbs/00f_agent.ipynb #c0ae568c
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def fork_server_preload(runtime_modules=()) -> list:
@@ -288,7 +288,7 @@ class ElasticLauncher(Launcher):
         return [w.id for w in self.agent.get_worker_group().workers if w.id is not None]
 
     def _write_job(self, folder:Path, fn, args, nprocs:int, method:str):
-        runtime = backend_named(self.settings.backend).runtime
+        runtime = backend_for(self.settings).runtime
         secret = self.settings.secret or secrets.token_hex(16)   # (one per launch: other users of this machine reach loopback too)
         ours = replica_env(self.settings.with_(rank=None, world_size=None, master_addr=None, master_port=None, store_addr=None, secret=secret))
         env = {**{k: v for k, v in os.environ.items() if not _from_agent(k) and k not in SETTINGS_VARIABLES}, **ours}

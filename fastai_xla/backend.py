@@ -10,7 +10,7 @@ import torch
 # %% auto #0
 __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops', 'Backend',
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
-           'automatic_backend', 'backend_named', 'driving_backend', 'runtime_of']
+           'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
 # %% ../nbs/00_backend.ipynb #2caf5d33
 class Runtime:
@@ -128,7 +128,7 @@ class Loops:
         "The final carry and stacked outputs of the pure function `fn` over the first dimension of `xs`, as one loop."
         raise NotImplementedError
 
-# %% ../nbs/00_backend.ipynb #2d87df89
+# %% ../nbs/00_backend.ipynb #19bb12fb
 class Backend:
     "One device runtime: an object per role, and the backend's decisions about replicas."
     name, device_types = None, ()   # device_types: the `torch.device` types of its devices, but the host's ('cpu')
@@ -138,17 +138,18 @@ class Backend:
     def runtime_for(cls, device_type:str) -> Runtime: "A runtime of this backend for tensors of `device_type` (to move them)."; raise NotImplementedError
     @classmethod
     def runtime_started_in_process(cls) -> bool: "Has this process started this backend's device runtime?"; return False
+    def __init__(self, settings=None): "This backend for a run with `settings` (made by `backend_for`, once a thread per name and `variant`)."
     @classmethod
-    def trains_on_device_of(cls, other:str) -> bool:
-        "Does this backend train on the device of the backend `other` here (the native backend on torch_xla's `xla`)? Then `other`'s runtime started is this one's own."
+    def trains_on_device_of(cls, other:str, settings) -> bool:
+        "Does this backend, for a run with `settings`, train on the device of the backend `other` (the native backend on torch_xla's `xla`)? Then `other`'s runtime started is this one's own."
         return False
     @classmethod
-    def variant(cls):
-        "What besides the name tells two instances of this backend apart in one process (the native backend's device type); `backend_named` makes one per name and variant."
+    def variant(cls, settings):
+        "What of `settings` besides the name tells two instances of this backend apart in one process (the native backend's device type); `backend_for` makes one per name and variant."
         return None
     @classmethod
-    def check_usable(cls):
-        "Raise an error saying why and what to do if this backend cannot run on this machine."
+    def check_usable(cls, settings):
+        "Raise an error saying why and what to do if this backend cannot run on this machine with `settings`."
     @classmethod
     def suits_machine(cls) -> bool:
         "Should this backend be chosen on this machine when the user did not choose one (see `automatic_backend`)?"
@@ -192,7 +193,7 @@ def google_torch_tpu() -> str|None:
 
 def has_torch_xla() -> bool: return importlib.util.find_spec('torch_xla') is not None
 
-# %% ../nbs/00_backend.ipynb #fba35b4f
+# %% ../nbs/00_backend.ipynb #185f606f
 BACKENDS = {}   # name -> `Backend` class, in the order of the automatic choice: filled by `register_backend`
 
 def register_backend(cls:type) -> type:
@@ -212,16 +213,16 @@ def automatic_backend() -> str:
 _made = threading.local()   # (this thread's backends: each made once, the replica's own; replica threads of one process each have theirs)
 os.register_at_fork(after_in_child=lambda: _made.__dict__.clear())   # (a forked replica makes its own)
 
-def backend_named(name:str|None=None) -> Backend:
-    "The backend `name` (None: `automatic_backend()`) of this thread, made at its first use, checked: an error that says why it cannot run here."
-    cls = backend_class(name or automatic_backend())
-    cls.check_usable()
-    started = [n for n in BACKENDS if n != cls.name and _runtime_started(n) and not cls.trains_on_device_of(n)]
+def backend_for(settings) -> Backend:
+    "The backend `settings` name (`settings.backend`; None: `automatic_backend()`) of this thread, made at its first use from `settings`, checked: an error that says why it cannot run here."
+    cls = backend_class(settings.backend or automatic_backend())
+    cls.check_usable(settings)
+    started = [n for n in BACKENDS if n != cls.name and _runtime_started(n) and not cls.trains_on_device_of(n, settings)]
     if started:
         raise RuntimeError(f"This process already trains on the {started[0]} backend; one process uses one backend. "
                            f"Start a new process (or kernel) for {cls.name!r}.")
-    made, key = _made.__dict__.setdefault('backends', {}), (cls.name, cls.variant())
-    if key not in made: made[key] = cls()
+    made, key = _made.__dict__.setdefault('backends', {}), (cls.name, cls.variant(settings))
+    if key not in made: made[key] = cls(settings)
     return made[key]
 
 def _runtime_started(name) -> bool:

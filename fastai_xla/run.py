@@ -16,14 +16,14 @@ from .agent import watch_launcher
 __all__ = ['new_run_id', 'Run', 'replica_collectives', 'replica_ordinal', 'replica_count', 'is_master', 'is_local_master',
            'ReplicasDiverged', 'master_gone_message', 'ended_with', 'TellingFailures']
 
-# %% ../nbs/00b_run.ipynb #98d71672
+# %% ../nbs/00b_run.ipynb #0753fb7d
 def new_run_id() -> str: return uuid.uuid4().hex[:16]
 
 class Run:
     "One training run of one learner: settings, backend, device, the replicas and how they reach each other, where they meet, timeouts, id and seed."
-    def __init__(self, settings:Settings|None=None, device=None, alone:bool=False, run_id:str|None=None, seed:int|None=None):
-        self.settings = settings if settings is not None else current_settings()
-        self.backend = backend_named(self.settings.backend)
+    def __init__(self, settings:Settings, device=None, alone:bool=False, run_id:str|None=None, seed:int|None=None):
+        self.settings = settings
+        self.backend = backend_for(settings)
         # the thread's collectives (one process group a replica): those a script used before any run (`rank0_first`,
         # `is_master()`...) or an earlier run of this thread made (a second learner; `to_tpu_distributed` called again)
         early = this_thread.collectives

@@ -392,3 +392,41 @@ def test_launches_in_a_row_leave_the_memory_where_it_was(tmp_path, method):
     assert r.returncode == 0, r.stderr[-3000:]
     sizes = json.loads(r.stdout.split('RSS ')[1].splitlines()[0])
     assert max(sizes) - sizes[0] < 50, sizes
+
+REACH_SCRIPT = '''
+    import os
+    from fastai_xla.all import *
+    from fastai_xla.settings import current_backend
+    from fastai_xla.demo import digits_dls
+    from fastai.vision.all import *
+
+    def report(index, tag):
+        s = current_settings()
+        if is_master(): print('SEEN', tag, current_backend().name, s.backend, s.transport, replica_count(), flush=True)
+
+    def launched(learn): return learn.xla_run.backend.name, learn.xla_run.settings.transport, learn.xla_run.count
+
+    if __name__ == '__main__':
+        # each time the environment says otherwise than the call: the call's choice is what every replica trains with
+        os.environ.update(FASTAI_XLA_BACKEND='native', FASTAI_XLA_TRANSPORT='gloo')
+        spawn(report, ('xmp',), backend='torch_xla', transport='xla')                  # torch_xla's xmp.spawn (1 replica here)
+        os.environ.update(FASTAI_XLA_BACKEND='torch_xla', FASTAI_XLA_TRANSPORT='gloo')
+        spawn(report, ('native',), nprocs=2, backend='native', transport='xla')       # torch's agent, the native backend
+        os.environ.update(FASTAI_XLA_BACKEND='native', FASTAI_XLA_TRANSPORT='xla')
+        spawn(report, ('gloo',), nprocs=2, backend='torch_xla', transport='gloo')     # torch's agent, torch_xla's device over gloo
+        os.environ.update(FASTAI_XLA_BACKEND='native', FASTAI_XLA_TRANSPORT='gloo')
+        learn = Learner(digits_dls(), nn.Sequential(Flatten(), nn.Linear(64, 10)), metrics=accuracy)
+        print('LAUNCHED', *learn.launch(launched, backend='torch_xla', transport='xla'))
+        os.environ.update(FASTAI_XLA_BACKEND='torch_xla', FASTAI_XLA_TRANSPORT='xla')
+        print('LAUNCHED', *learn.launch(launched, nprocs=2, backend='native', transport='gloo'))
+'''
+
+def test_backend_and_transport_given_reach_every_replica(tmp_path):
+    """`spawn`'s and `learn.launch`'s `backend=` and `transport=` are what every replica trains with, on each launcher (torch_xla's
+    `xmp.spawn`, torch's agent for the native backend and for gloo), with the environment saying otherwise each time. Before:
+    `xmp.spawn`'s replicas read the environment again (FASTAI_XLA_TRANSPORT=gloo there: a replica without a group, refused)."""
+    out = run_script(tmp_path, REACH_SCRIPT)
+    seen = re.findall(r'SEEN (\S+) (\S+) (\S+) (\S+) (\d+)', out)
+    assert seen == [('xmp', 'torch_xla', 'torch_xla', 'xla', '1'), ('native', 'native', 'native', 'xla', '2'),
+                    ('gloo', 'torch_xla', 'torch_xla', 'gloo', '2')], out[-3000:]
+    assert re.findall(r'LAUNCHED (\S+) (\S+) (\d+)', out) == [('torch_xla', 'xla', '1'), ('native', 'gloo', '2')], out[-3000:]

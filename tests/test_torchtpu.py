@@ -38,8 +38,9 @@ def test_google_torchtpu_is_recognised_and_the_package_imports():
     assert importlib.util.find_spec('torch_xla') is None
 
 def test_native_backend_without_a_chip_is_a_clear_error_not_an_abort():
-    from fastai_xla.backend import backend_named
-    with pytest.raises(RuntimeError, match='no TPU chip'): backend_named('native')
+    from fastai_xla.backend import backend_for
+    from fastai_xla.settings import Settings
+    with pytest.raises(RuntimeError, match='no TPU chip'): backend_for(Settings(backend='native'))
     # a fastai learner asked onto the native backend, in a process of its own: an error and exit status 1, not SIGABRT
     res = run_py(LEARNER + "learn.to_tpu_distributed(backend='native')")
     assert res.returncode == 1 and 'this machine has no TPU chip' in res.stderr, (res.returncode, res.stderr[-2000:])
@@ -47,10 +48,11 @@ def test_native_backend_without_a_chip_is_a_clear_error_not_an_abort():
     assert res.returncode == 1 and 'this machine has no TPU chip' in res.stderr, (res.returncode, res.stderr[-2000:])
 
 def test_torch_xla_backend_says_torch_xla_is_missing_and_names_torchtpu():
-    from fastai_xla.backend import backend_named
-    with pytest.raises(ImportError, match="needs torch_xla, which is not installed") as e: backend_named('torch_xla')
+    from fastai_xla.backend import backend_for
+    from fastai_xla.settings import Settings
+    with pytest.raises(ImportError, match="needs torch_xla, which is not installed") as e: backend_for(Settings(backend='torch_xla'))
     assert "FASTAI_XLA_BACKEND=native" in str(e.value)
-    with pytest.raises(ImportError, match='not installed'): backend_named()      # chosen from the machine: no chip, no torch_xla
+    with pytest.raises(ImportError, match='not installed'): backend_for(Settings())      # chosen from the machine: no chip, no torch_xla
 
 def test_nprocs_is_checked_against_the_tpu_generation():
     from fastai_xla.backend_native import check_nprocs

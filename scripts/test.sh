@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: sets everything up on a fresh machine (scripts/env.sh), then runs the tests on
 # every supported stack, on the CPU XLA device:
-#   1. the development stack (.venv: torch/torch_xla 2.9 + fastai 2.8.7, fastcore 1): the exported package and README
+#   1. the development stack (.venv: torch/torch_xla 2.9 + fastai 2.8.7, fastcore 1): first the fast tier (`pytest -m fast`:
+#      the runtime's pieces in one process, under a minute), then the exported package and README
 #      up to date with nbs/, the linter (ruff) clean, every pytest test (the README's snippets among them, run as written) and the docs build
 #      (a page per notebook)
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
@@ -58,6 +59,9 @@ export PJRT_DEVICE=CPU
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
 
 DEV=$(stack .venv)   # (each stack's versions read once: a Python process importing torch, torch_xla and fastai, ~10 s)
+echo "== 1. $DEV: the fast tier, the runtime's pieces in this process (tests/test_runtime_units.py: under a minute)"
+.venv/bin/python -m pytest -m fast "$@" tests/test_runtime_units.py
+lap "stack 1 fast tier"
 echo "== 1. $DEV: the package and README up to date with nbs/"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
@@ -68,7 +72,7 @@ if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each i
 fi
 echo "== 1. $DEV: pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
-.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks and not fast$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
 NATIVE_FILES="tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py
     tests/test_readme.py tests/test_preemption.py tests/test_text.py tests/test_eager_tpu.py"

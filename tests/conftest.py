@@ -11,12 +11,14 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'stacks: what differs between the supported stacks (torch_xla, Python, packaging): run on every stack')
     config.addinivalue_line('markers', "fastai_version: what fastai's or Python's version decides: run on Colab's stack too (the newest fastai, Python 3.13)")
     config.addinivalue_line('markers', "slow: left to `bash scripts/test.sh --all` (tests/conftest.py's SLOW says why and what covers it in the default run)")
+    config.addinivalue_line('markers', "fast: the fast tier, the runtime's pieces in this process (tests/test_runtime_units.py): run first by scripts/test.sh, under a minute")
     config.addinivalue_line('markers', "native: run again on the native backend by scripts/test.sh (tests/conftest.py's NATIVE)")
 
 @pytest.fixture(scope='session', autouse=True)
-def xla_first():
-    "Start the XLA device before any test runs a CPU backward pass (see `fastai_xla.core.check_autograd`)."
+def xla_first(request):
+    "Start the XLA device before any test runs a CPU backward pass (see `fastai_xla.core.check_autograd`); not for the fast tier, which runs none."
     import importlib.util
+    if request.config.getoption('markexpr') == 'fast': return None
     if importlib.util.find_spec('torch_xla') is None and os.environ.get('FASTAI_XLA_BACKEND') != 'native': return None   # (TorchTPU's environment)
     from fastai_xla.core import xla_device
     return xla_device()

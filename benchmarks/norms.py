@@ -28,7 +28,7 @@ def learner(model_name):
     return learn
 
 def measure(model_name, rounds):
-    from fastai_xla.all import xla_device, xla_counters, fastai_version
+    from fastai_xla.core import xla_device, xla_counters, fastai_version
     from fastai_xla.callback import module_versions
     xla_device()
     learn = learner(model_name).to_tpu_distributed()

@@ -74,7 +74,7 @@ def loader_setting(model, attr, rounds):
 def foreach_step(rounds):
     "Host CPU time of the optimizer step, and epoch time, with torch Adam's own per-parameter step and fastai_xla's out-of-place one."
     import torch
-    from fastai_xla.all import xla_device, swap_class
+    from fastai_xla.core import xla_device, swap_class
     from fastai_xla.optimizer import OutOfPlaceAdam
     xla_device()
     learn = bench._fastai_learner('cnn').to_tpu_distributed()

@@ -118,7 +118,7 @@ def rms_prop_group(g:GroupStep, lr, eps, **kwargs):
     den = add_each(torch._foreach_sqrt(g.state('sqr_avg')), g.number(eps))
     g.move(g.all, _scaled_add(g.params, torch._foreach_div(num, den), g.number(-lr)))
 
-# %% ../nbs/02a_optimizer.ipynb #17878607
+# %% ../nbs/02a_optimizer.ipynb #7918d014
 def by_step(states) -> dict:
     "`{step: indices}`: the parameters of a group (their indices) by the number of steps they have taken (fastai's count, or torch's tensor)."
     res = {}
@@ -141,7 +141,7 @@ def _step_by(g:GroupStep, ix, num, den, c):
 
 def adam_group(g:GroupStep, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `adam_step`."
-    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+    for _, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
         _step_by(g, ix, g.state('grad_avg', ix), _root_mean_sqr(g, ix, d2, eps), g.number(-lr/d1))
 
 def radam_group(g:GroupStep, lr, mom, sqr_mom, eps, beta, **kwargs):
@@ -160,17 +160,17 @@ def radam_group(g:GroupStep, lr, mom, sqr_mom, eps, beta, **kwargs):
 def qhadam_group(g:GroupStep, lr, mom, sqr_mom, eps, nu_1, nu_2, **kwargs):
     "fastai's `qhadam_step`: quasi-hyperbolic mixes of the gradient and its moving averages."
     n = g.number
-    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+    for _, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
         gr = picked(g.grads, ix)
         num = _scaled_add(torch._foreach_mul(gr, n(1-nu_1)), g.state('grad_avg', ix), n(nu_1/d1))
         sq = _scaled_add(torch._foreach_mul(torch._foreach_mul(gr, gr), n(1-nu_2)), g.state('sqr_avg', ix), n(nu_2/d2))
         _step_by(g, ix, num, add_each(torch._foreach_sqrt(sq), n(eps)), n(-lr))
 
-# %% ../nbs/02a_optimizer.ipynb #383ecd73
+# %% ../nbs/02a_optimizer.ipynb #f5579e72
 def lamb_group(g:GroupStep, lr, mom, sqr_mom, eps, **kwargs):
     "fastai's `lamb_step`, with its trust ratio chosen on the device."
     n = g.number
-    for step, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
+    for _, d1, d2, ix in debiased_by_step(g, mom, sqr_mom):
         c1, c2, e, c = n(d1), n(d2), n(eps), n(-lr)
         new = []
         for p, avg, sqr in zip(picked(g.params, ix), g.state('grad_avg', ix), g.state('sqr_avg', ix)):

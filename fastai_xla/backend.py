@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
            'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #2caf5d33
+# %% ../nbs/00_backend.ipynb #37867495
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -27,6 +27,12 @@ class Runtime:
     def to_device(self, tensors:list, device, shardings=None) -> list: "Plain CPU tensors to `device`, in one transfer."; raise NotImplementedError
     def to_cpu(self, tensors:list) -> list: "Plain device tensors to the CPU, in one transfer."; raise NotImplementedError
     def after_step(self, fn, tensors:list): "Call `fn(*cpu_tensors)` once the step computing `tensors` has run, without making the host wait for it."; raise NotImplementedError
+    defers_failures = False   # (does a step's error show only where the step ends, its in-place updates traced: a lazy device?)
+    def keep_data(self, tensors:list) -> list:
+        "Each tensor's data as it is now, held apart from the tensor (no copy): what puts it back should the step about to run fail at its end and take the tensor's data with it (where `defers_failures`)."
+        return [None] * len(tensors)
+    def drop_failed_step(self):
+        "After a step that failed at its end (the tensors `keep_data` held put back): let go of what else it left behind, so that no later step takes it in."
     def rng_state(self): "The device's random generator state (`None`: it has none of its own)."; return None
     def set_rng_state(self, state): "Restore what `rng_state` returned."
     def autocast_device_type(self) -> str: "The device type `torch.autocast` takes for this device."; return self.device_type

@@ -110,7 +110,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00d_backend_xla.ipynb #29566eb0
+# %% ../nbs/00d_backend_xla.ipynb #fd483444
 class XLARuntime(Runtime):
     "torch_xla's lazy `xla` device."
     device_type = 'xla'
@@ -132,8 +132,10 @@ class XLARuntime(Runtime):
         devctx = _xm()._get_device_context()             # (the closures the step queued for its end would read its tensors)
         devctx.step_closures, devctx.async_step_closures = [], []
         # the step's other tensors (its loss, predictions, what a callback kept) have no data now: the next step would take
-        # any that is still alive in and fail on it. Each becomes empty, of its dtype: data of its own, in no graph
-        for t in [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == 'xla']:
+        # any that is still alive in and fail on it. Each becomes empty, of its dtype: data of its own, in no graph. (This
+        # replica's device alone: replica threads of one process, TPU v2/v3, each have their own, and their own steps)
+        dev = self.device()
+        for t in [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device == dev]:
             try: _C()._get_xla_tensors_text([t])
             except RuntimeError: t.data = torch.empty(0, dtype=t.dtype, device=t.device)
     def _kept(self, t):

@@ -219,7 +219,7 @@ class PaddingCallback(Callback):
         self.learn.pred = trim_batch(self.pred, self.rows)
         self.learn.xb, self.learn.yb = trim_batch(self.xb, self.rows), trim_batch(self.yb, self.rows)
 
-# %% ../nbs/03_callback.ipynb #e2a3dd36
+# %% ../nbs/03_callback.ipynb #bae7f781
 def _state_holder(learn):
     "The optimizer whose `state` is a dict a parameter (fastai's `Optimizer`, torch's behind `OptimWrapper`, `Lookahead`'s inner), or None."
     opt = getattr(learn, 'opt', None)
@@ -252,11 +252,10 @@ class StepStart:
 
 def leave_failed_step(learn):
     "After an exception ended a fit of `learn`: the step it ended put back where the device could lose it (`StepStart`), and what the step left without data let go of."
-    runtime = learn.xla_run.backend.runtime
-    if not runtime.defers_failures: return
     for cb in learn.cbs:
-        if isinstance(cb, StepBoundaryCallback) and cb.start is not None: cb.start.restore(); cb.start = None
-    runtime.drop_failed_step()
+        if not isinstance(cb, StepBoundaryCallback) or cb.places is None: continue   # (a device that fails at the operation; SPMD)
+        if cb.start is not None: cb.start.restore(); cb.start = None
+        cb.places[0].drop_failed_step()
 
 class StepBoundaryCallback(Callback):
     "Cut the XLA graph at the end of each batch; show the loss without waiting for the device; a step that fails there leaves the learner as the step found it."
@@ -271,9 +270,11 @@ class StepBoundaryCallback(Callback):
 
     def before_fit(self):
         "Where the training steps' tensors are (the model's parameters, its buffers' places), found once a fit, where steps' starts are kept."
-        model, runtime, self.start = self.learn.model, self.learn.xla_run.backend.runtime, None
-        self.places = ((runtime, list(model.parameters()), [(m, name) for m in model.modules() for name, b in m._buffers.items() if b is not None],
-                        _state_holder(self.learn)) if runtime.defers_failures else None)
+        model, backend, self.start = self.learn.model, self.learn.xla_run.backend, None
+        # (not under SPMD: torch_xla cannot hold a sharded tensor's data apart; a failed SPMD fit is not put back)
+        spmd = backend.spmd is not None and backend.spmd.enabled()
+        self.places = ((backend.runtime, list(model.parameters()), [(m, name) for m in model.modules() for name, b in m._buffers.items() if b is not None],
+                        _state_holder(self.learn)) if backend.runtime.defers_failures and not spmd else None)
 
     def before_batch(self):
         if self.training and self.places is not None: self.start = StepStart(*self.places)

@@ -110,7 +110,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00d_backend_xla.ipynb #fd483444
+# %% ../nbs/00d_backend_xla.ipynb #72ef77da
 class XLARuntime(Runtime):
     "torch_xla's lazy `xla` device."
     device_type = 'xla'
@@ -135,9 +135,14 @@ class XLARuntime(Runtime):
         # any that is still alive in and fail on it. Each becomes empty, of its dtype: data of its own, in no graph. (This
         # replica's device alone: replica threads of one process, TPU v2/v3, each have their own, and their own steps)
         dev = self.device()
-        for t in [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device == dev]:
+        for t in [o for o in gc.get_objects() if self._is_tensor_on(o, dev)]:
             try: _C()._get_xla_tensors_text([t])
             except RuntimeError: t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+    @staticmethod
+    def _is_tensor_on(o, dev):
+        "Is `o` a tensor on `dev`? (By its type, not `isinstance`: that asks the object, and some warn when asked. Some tensors the collector holds have no device to ask, as a subclass's wrapper: not ours.)"
+        try: return issubclass(type(o), torch.Tensor) and o.device == dev
+        except RuntimeError: return False
     def _kept(self, t):
         try: ids, data = _C()._get_tensors_xla_device_data_node([t])
         except RuntimeError: return None

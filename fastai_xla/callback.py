@@ -473,7 +473,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #b704b899
+# %% ../nbs/03_callback.ipynb #1860f212
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -540,7 +540,10 @@ class XLALearner(XLAVersion):
         outer, self._xla_in_fit = getattr(self, '_xla_in_fit', False), True   # (a fit, not `validate` or `get_preds`: see 07_diagnostics)
         try: return super().fit(*args, **kwargs)
         except BaseException as e:
-            leave_failed_step(self)                       # (the learner as the last good step left it: the next fit trains)
+            try: leave_failed_step(self)                  # (the learner as the last good step left it: the next fit trains)
+            except Exception as cleanup:                  # (never in place of the user's exception: that one says what went wrong)
+                warnings.warn(f"fastai_xla could not put the learner back as the failed step found it ({cleanup!r}): "
+                              "if the next fit fails too, load your last checkpoint (`learn.load`)", stacklevel=2)
             run = self.xla_run
             # (an exception every replica raises after the same step, as `Preempted`, is no failure to tell)
             # (nor an interrupt: the launcher, or the terminal's Ctrl-C, interrupts every replica; nor under torch's agent: its record says it)

@@ -337,3 +337,12 @@ def test_a_fit_that_fails_leaves_the_learner_usable(tmp_path, failure, warm):
     preds, targs = learn.get_preds()
     assert abs(float((preds.argmax(1) == targs).float().mean()) - acc) < 1e-6
     learn.save('after'); learn.load('after')
+
+def test_putting_the_failed_step_back_never_hides_the_users_error(tmp_path, monkeypatch):
+    "Should putting the step back fail itself (here made to), the user still sees their own error, and a warning says what to do."
+    from fastai_xla.callback import StepStart
+    def broken(self): raise RuntimeError('putting back failed')
+    monkeypatch.setattr(StepStart, 'restore', broken)
+    learn = digits_learner(path=tmp_path).to_xla()
+    learn.loss_func = _python_error
+    with pytest.warns(UserWarning, match='could not put the learner back'), pytest.raises(ValueError, match='a bug in the loss'): learn.fit(1, 1e-2)

@@ -138,7 +138,7 @@ def _replica_entry(index, job_dir):
     "What every replica runs, whatever started it (torch's agent, `xmp.spawn`): the job in `job_dir`."
     _run_replica(job_dir)
 
-# %% ../nbs/04a_launch.ipynb #609d7c43
+# %% ../nbs/04a_launch.ipynb #58fce62b
 def _no_room(e:OSError, where) -> OSError:
     "A launch's files could not be written into `where`: say what to do."
     return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
@@ -182,6 +182,7 @@ def launch(self:Learner,
            transport:str|None=None, # 'xla' (the backend's own collectives) or 'gloo' (nprocs processes on the CPU device; default: FASTAI_XLA_TRANSPORT, else 'xla')
            start_method:str='auto', # 'fork' (nothing pickled), 'spawn' (fresh processes: the learner and `train` by cloudpickle), 'forkserver' (pickled too, forked from a process that imported fastai once) or 'auto' (fork where it can, else the fork server)
            dl_kwargs:dict|None=None, # what each replica passes to `to_tpu_distributed` (`seed`, `num_workers`, `cache_items`...)
+           sync_bn:bool=False, # batch norms' statistics over every replica's batch (`to_tpu_distributed(sync_bn=True)`)
            keep_failed_job:bool=False, # keep the launch's folder (job, events, tracebacks) when it fails, to look into
            backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
            **kwargs, # `train`'s keyword arguments
@@ -197,7 +198,7 @@ def launch(self:Learner,
     method = launcher.start_method(start_method, chosen.runtime.started())
     # the launching process's random state travels with the job: every replica starts from it, as a script's replicas start
     # from their `set_seed`; and the epochs' order is seeded from it unless given (forked children would draw anew)
-    dl_kwargs = dict(dl_kwargs or {})
+    dl_kwargs = dict(dl_kwargs or {}, **({'sync_bn': True} if sync_bn else {}))
     dl_kwargs['seed'] = drawn_seed(dl_kwargs.get('seed'))   # (one seed for the launch: a relaunch keeps it)
     job = (self, train, args, kwargs, dl_kwargs, rng_states())
     remove_stale_jobs()

@@ -346,3 +346,32 @@ def test_putting_the_failed_step_back_never_hides_the_users_error(tmp_path, monk
     learn = digits_learner(path=tmp_path).to_xla()
     learn.loss_func = _python_error
     with pytest.warns(UserWarning, match='could not put the learner back'), pytest.raises(ValueError, match='a bug in the loss'): learn.fit(1, 1e-2)
+
+SYNC_BN_IN_THE_GRAPH = '''
+import torch_xla.debug.metrics as met
+from fastai.vision.all import *
+from fastai_xla.all import *
+from fastai_xla.demo import digits_dls
+for sync in (False, True):
+    set_seed(0)
+    model = nn.Sequential(ConvLayer(1, 8, stride=2), ConvLayer(8, 16, stride=2), nn.AdaptiveAvgPool2d(1), Flatten(), nn.Linear(16, 10))
+    learn = Learner(digits_dls(bs=32, seed=42), model, loss_func=CrossEntropyLossFlat()).to_tpu_distributed(sync_bn=sync)
+    with learn.no_bar(), learn.no_logging(): learn.fit(1)
+    met.clear_all()
+    with learn.no_bar(), learn.no_logging(): learn.fit(1)
+    print(sync, met.counter_value('xla::AllReduceInPlace'), (met.metric_data('CompileTime') or (0,))[0], len(learn.dls.train))
+    learn.detach_xla()
+'''
+
+def test_synced_batch_norms_add_one_collective_per_layer_each_way_in_the_compiled_step():
+    """torch_xla's in-graph path of `sync_bn` (XLA_ALWAYS_ALLREDUCE=1: its collectives run with one replica, as on a TPU with
+    several): each of the model's 2 batch norms adds one all-reduce to the forward pass and one to the backward, traced
+    into the step (no device read), and the second fit compiles nothing. (Several replicas' in-graph collectives need a TPU;
+    tests/test_replicas.py checks the statistics over two replicas through gloo.)"""
+    import subprocess, sys
+    r = subprocess.run([sys.executable, '-c', SYNC_BN_IN_THE_GRAPH], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, 'XLA_ALWAYS_ALLREDUCE': '1'})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (_, plain, _, steps), (_, synced, compiles, _) = [line.split() for line in r.stdout.strip().splitlines()[-2:]]
+    assert int(synced) - int(plain) == 2 * 2 * int(steps), r.stdout
+    assert int(compiles) == 0, r.stdout

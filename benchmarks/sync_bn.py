@@ -17,6 +17,7 @@ with batch norms trained over replicas with small batches.
 import argparse, json, os, statistics, subprocess, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench
+import fastai_xla.all  # noqa: F401,E402 (to_tpu_distributed, launch)
 
 def step_cost(rounds):
     from fastai_xla.core import xla_device, xla_counters

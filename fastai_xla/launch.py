@@ -85,7 +85,7 @@ class _ProgressDisplay:
         elif kind == 'row' and self.mbar: self.mbar.write(data[0], table=True)
         elif kind == 'end' and self.mbar: self.mbar.on_iter_end(); self.mbar = self.pbar = None
 
-# %% ../nbs/04a_launch.ipynb #d1f1bd0a
+# %% ../nbs/04a_launch.ipynb #d816835b
 _jobs = {}   # job dir -> job, for replicas started with fork: they inherit it, nothing is pickled
 
 def _load_job(job_dir):
@@ -104,8 +104,9 @@ def _run_replica(job_dir):
         record_error(e, _safe_ordinal())
         raise SystemExit(1) from None
     if learn.xla_run.is_master:
-        for cb in [cb for cb in learn.cbs if isinstance(cb, ProgressCallback)]: learn.xla_changes.remove_cb(cb)
-        learn.xla_changes.add_cb(RelayProgressCallback(log))
+        bars = [cb for cb in learn.cbs if isinstance(cb, ProgressCallback)]   # (none: launched under `learn.no_bar()`)
+        for cb in bars: learn.xla_changes.remove_cb(cb)
+        if bars: learn.xla_changes.add_cb(RelayProgressCallback(log))
         sys.stdout = _RelayStream(log)
     if not any(isinstance(cb, StopOnSignal) for cb in learn.cbs): learn.xla_changes.add_cb(StopOnSignal(warn=False))   # (a shutdown's SIGTERM: all stop after the same step)
     out = fn(learn, *args, **kwargs)

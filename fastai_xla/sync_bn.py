@@ -44,7 +44,7 @@ def global_batch_stats(x, run) -> tuple:
     g_m2 = m2s.sum(0) + (counts * (means - g_mean).pow(2)).sum(0)
     return total, g_mean, g_m2
 
-# %% ../nbs/04b_sync_bn.ipynb #fcb636ba
+# %% ../nbs/04b_sync_bn.ipynb #2c84ad35
 class SyncedBatchNorm(BatchNormOnXLA):
     "The version of torch's `BatchNorm1d/2d/3d` whose batch statistics are over every replica's batch (`to_tpu_distributed(sync_bn=True)`)."
     def forward(self, x):
@@ -71,9 +71,10 @@ def batch_norms(model) -> list:
     "The batch norms of `model` that `SyncedBatchNorm` can synchronize: torch's own `BatchNorm1d/2d/3d` and subclasses that keep their forward."
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and _torch_forward(m, nn.modules.batchnorm._BatchNorm)]
 
-def sync_batch_norms(learn) -> int:
-    "Make every batch norm of `learn`'s model a `SyncedBatchNorm`, through its record of changes (`export` writes fastai's own); how many."
-    norms = batch_norms(learn.model)
+def sync_batch_norms(learn, model=None) -> int:
+    "Make every batch norm of `model` a `SyncedBatchNorm` through `learn`'s record of changes (`export` writes fastai's own); how many. Default: `learn`'s model, and the models assigned to it later (`keep_on_xla`)."
+    if model is None: learn.xla_changes.set(learn, 'xla_sync_bn', True)
+    norms = batch_norms(learn.model if model is None else model)
     for m in norms: learn.xla_changes.version(m, SyncedBatchNorm)
     return len(norms)
 

@@ -269,6 +269,15 @@ def test_what_a_launched_function_returns_comes_back(tmp_path):
         learn.launch(returns_a_lock, nprocs=2, transport='gloo')
     assert any((a != p).any() for a, p in zip(before, learn.model.parameters()))   # trained weights came back anyway
 
+def test_a_launch_under_no_bar_draws_no_bar(capfd):
+    "`with learn.no_bar(): learn.launch(...)`, as eager fastai under `no_bar`: the epochs' rows, printed by the master, and no progress bar."
+    from test_replicas import indexed_learner
+    learn = indexed_learner(bs=32)
+    with learn.no_bar(): learn.launch(fit_one_epoch, nprocs=2, transport='gloo')
+    out = capfd.readouterr().out
+    assert 'Epoch 1/1' not in out and '%' not in out, out[-2000:]
+    assert out.count('[0, ') == 1, out[-2000:]                  # (fastai's logger without a bar: the row as a list, once)
+
 # --- fastai's way to repeat a run (issue 41): `set_seed` before it
 
 def fit_one_epoch(learn): learn.fit(1, 1e-2)

@@ -1,7 +1,7 @@
 """What `to_tpu_distributed(sync_bn=True)` (nbs/04b_sync_bn.ipynb) costs in a training step, and what it buys a model
 with batch norms trained over replicas with small batches.
 
-    PJRT_DEVICE=CPU python benchmarks/sync_bn.py [--seeds 6] [--rounds 3]
+    PJRT_DEVICE=CPU python benchmarks/sync_bn.py [--seeds 6] [--rounds 3] [--batches 32,8]
 
 1. The step (torch_xla's in-graph path): one process with `XLA_ALWAYS_ALLREDUCE=1` (torch_xla's collectives run with one
    replica, as they run between the replicas of a TPU), bench.py's CNN (3 `BatchNorm2d`); its fits alternate between
@@ -11,8 +11,9 @@ with batch norms trained over replicas with small batches.
    this is the cost of the statistics, not of the network between chips).
 2. What it buys: issue 69's program, a `TabularPandas` regression (the digits as a frame, the digit as the target,
    fastai's `tabular_learner` with its default batch norms), 5 epochs of `fit_one_cycle`: eager fastai on one CPU device
-   at a batch of 64; `learn.launch(nprocs=2, transport='gloo')` at 32 per replica (the same global batch and steps); the
-   same with `sync_bn=True`. The validation rmse for each of `--seeds` seeds (the model's weights and the epochs' order).
+   at the global batch; `learn.launch(nprocs=2, transport='gloo')` at half of it per replica (the same global batch and
+   steps); the same with `sync_bn=True`; for each batch per replica of `--batches` (32: issue 69's; 8: a TPU's eight
+   cores sharing a batch of 64). The validation rmse for each of `--seeds` seeds (the model's weights and the epochs' order).
 """
 import argparse, json, os, statistics, subprocess, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,23 +56,27 @@ def train(learn):
     with learn.no_logging(): learn.fit_one_cycle(5, 1e-2)
     return float(learn.recorder.values[-1][-1])
 
-def rmse_table(seeds):
-    "Every launch first (forked from a process that ran no backward pass yet), then eager fastai."
-    rows = {s: {} for s in seeds}
-    for s in seeds:
-        for sync in (False, True):
-            learn = regression_learner(32, s)
-            with learn.no_bar(): rows[s]['launch_sync' if sync else 'launch'] = learn.launch(train, nprocs=2, transport='gloo',
-                                                                                            sync_bn=sync, dl_kwargs=dict(seed=s))
-    for s in seeds:
-        learn = regression_learner(64, s)
-        with learn.no_bar(): rows[s]['eager'] = train(learn)
+def rmse_table(seeds, per_replica):
+    "`{(run, batch per replica): {seed: rmse}}`: every launch first (forked from a process that ran no backward pass yet), then eager fastai at the global batch."
+    rows = {}
+    for bs in per_replica:
+        for s in seeds:
+            for sync in (False, True):
+                learn = regression_learner(bs, s)
+                with learn.no_bar():
+                    rows.setdefault(('launch_sync' if sync else 'launch', bs), {})[s] = learn.launch(
+                        train, nprocs=2, transport='gloo', sync_bn=sync, dl_kwargs=dict(seed=s))
+    for bs in per_replica:
+        for s in seeds:
+            learn = regression_learner(2 * bs, s)
+            with learn.no_bar(): rows.setdefault(('eager', bs), {})[s] = train(learn)
     return rows
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--seeds', type=int, default=6)
     p.add_argument('--rounds', type=int, default=3)
+    p.add_argument('--batches', default='32,8', help='batch sizes per replica, comma-separated')
     p.add_argument('--step', action='store_true', help='measure the step in this process (internal)')
     a = p.parse_args()
     if a.step: print('RESULT', json.dumps(step_cost(a.rounds))); return
@@ -86,13 +91,15 @@ def main():
     print('|---|---|---|---|---|---|')
     for name, v in (('fastai_xla\'s usual', p_), ('synchronized (`sync_bn=True`)', s_)):
         print(f"| {name} | {v['ops']:.0f} | {v['all_reduces']:.0f} | {v['compiles']} | {v['epoch']:.2f} | {v['epoch'] / p_['epoch']:.2f} |")
-    rows = rmse_table(list(range(a.seeds)))
+    seeds, per_replica = list(range(a.seeds)), [int(b) for b in a.batches.split(',')]
+    rows = rmse_table(seeds, per_replica)
     print(f"\nValidation rmse after 5 epochs, the digits regression (`tabular_learner`, its default batch norms), {a.seeds} seeds:\n")
-    print('| run | batch per replica | ' + ' | '.join(f'seed {s}' for s in rows) + ' | range |')
-    print('|---|---|' + '---|' * (len(rows) + 1))
-    for key, name, bs in (('eager', 'eager fastai, one CPU device', 64), ('launch', '`learn.launch(nprocs=2)`', 32),
-                          ('launch_sync', '`learn.launch(nprocs=2, sync_bn=True)`', 32)):
-        vals = [rows[s][key] for s in rows]
-        print(f'| {name} | {bs} | ' + ' | '.join(f'{v:.3f}' for v in vals) + f' | {min(vals):.3f}-{max(vals):.3f} |')
+    print('| run | global batch | batch per replica | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | range |')
+    print('|---|---|---|' + '---|' * (len(seeds) + 1))
+    for bs in per_replica:
+        for key, name, each in (('eager', 'eager fastai, one CPU device', 2 * bs), ('launch', '`learn.launch(nprocs=2)`', bs),
+                                ('launch_sync', '`learn.launch(nprocs=2, sync_bn=True)`', bs)):
+            vals = [rows[key, bs][s] for s in seeds]
+            print(f'| {name} | {2 * bs} | {each} | ' + ' | '.join(f'{v:.3f}' for v in vals) + f' | {min(vals):.3f}-{max(vals):.3f} |')
 
 if __name__ == '__main__': main()

@@ -129,7 +129,7 @@ NATIVE_TESTS = {
     'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_tabular_with_embeddings_matches_eager_cpu',
                               'test_accum_metrics_are_exact', 'test_save_load_then_fit', 'test_gradient_accumulation_steps_every_other_batch',
                               *[f'test_a_fit_that_fails_leaves_the_learner_usable[{w}-{f}]' for w in ('first fit', 'after a good fit')
-                                for f in ('boundary', 'loss', 'callback')]],
+                                for f in ('boundary', 'loss', 'forward', 'callback', 'interrupt')]],
     'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
                          'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
                          'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',

@@ -303,33 +303,48 @@ class RaiseAfterStep(Callback):
     "A user's callback with a bug, after the optimizer's step (the step's updates are traced, not run)."
     def after_step(self): raise RuntimeError('a bug in a callback')
 
+class InterruptAfterLoss(Callback):
+    "Ctrl-C in the middle of a step (after the forward pass and the loss, before the backward)."
+    def after_loss(self): raise KeyboardInterrupt
+
+class Breaks(nn.Module):
+    "A module of the user's whose forward has a bug while `on` (after the batch norm: its statistics' update was traced)."
+    on = False
+    def forward(self, x):
+        if self.on: raise ValueError('a bug in the forward')
+        return x
+
 def _bool_targets(o, t): return CrossEntropyLossFlat()(o, t.bool())       # (fastai's Siamese tutorial's first version: cannot compile on XLA)
 def _python_error(o, t): raise ValueError('a bug in the loss')
 
-@pytest.mark.parametrize('failure', ['boundary', 'loss', 'callback'])
+FAILURES = {'callback': RaiseAfterStep, 'interrupt': InterruptAfterLoss}
+
+@pytest.mark.parametrize('failure', ['boundary', 'loss', 'forward', 'callback', 'interrupt'])
 @pytest.mark.parametrize('warm', [False, True], ids=['first fit', 'after a good fit'])
 def test_a_fit_that_fails_leaves_the_learner_usable(tmp_path, failure, warm):
     """A notebook's mistake, then its fix, on the same learner (issue 69): a loss that fails where the step ends (on torch_xla
     at its boundary, where the step's in-place updates were traced: before, the parameters were left without data and the next
-    fit failed with `Check failed: data()->tensor_data`), a loss that raises, a callback that raises after the optimizer's step;
-    in the first fit of the learner and after a good one (the optimizer's state exists then). After the failure the weights,
+    fit failed with `Check failed: data()->tensor_data`), a loss that raises, a model's forward that raises, a callback that
+    raises after the optimizer's step, a Ctrl-C mid-step; in the first fit of the learner and after a good one (the optimizer's state exists then). After the failure the weights,
     buffers and optimizer state are the last good step's, and fit, validate, get_preds, save and load work."""
-    model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), Breaks(), nn.ReLU(), nn.Linear(32, 10))
     learn = digits_learner(model=model, path=tmp_path).to_xla()
     if warm: learn.fit(1, 1e-2)
     before = [t.cpu().clone() for t in [*learn.model.parameters(), *learn.model.buffers()]]
     opt_state = lambda: [(k, v.cpu().clone()) for p in learn.model.parameters() for k, v in (learn.opt.state[p] if learn.opt else {}).items()
                          if isinstance(v, torch.Tensor)]   # (a failed first step leaves none: it made the state)
     state = opt_state()
-    if failure == 'callback': learn.add_cb(RaiseAfterStep())
+    if failure in FAILURES: learn.add_cb(FAILURES[failure]())
+    elif failure == 'forward': learn.model[3].on = True
     else: learn.loss_func = _bool_targets if failure == 'boundary' else _python_error
-    with pytest.raises(Exception): learn.fit(1, 1e-2)
+    with pytest.raises(KeyboardInterrupt if failure == 'interrupt' else Exception): learn.fit(1, 1e-2)
     after = [t.cpu() for t in [*learn.model.parameters(), *learn.model.buffers()]]
     if learn.xla_run.backend.runtime.defers_failures:   # (an eager device, as eager fastai, keeps what ran before the error:
         # the batch norms' statistics of the failed forward, the step before a callback's error; it fails at the operation)
         assert all(torch.equal(a, b) for a, b in zip(before, after))      # the last good step's weights and buffers
         assert [k for k, _ in opt_state()] == [k for k, _ in state] and all(torch.equal(a, b) for (_, a), (_, b) in zip(opt_state(), state))
-    if failure == 'callback': learn.remove_cbs(RaiseAfterStep)
+    if failure in FAILURES: learn.remove_cbs(FAILURES[failure])
+    learn.model[3].on = False
     learn.loss_func = CrossEntropyLossFlat()
     learn.fit(2, 1e-2)
     assert learn.recorder.values[-1][2] > 0.85                            # it trains from there

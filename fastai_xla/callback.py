@@ -39,14 +39,16 @@ __all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_c
            'CallbackRemoved', 'OptimizerChanged', 'ModelMoved', 'XLAChanges', 'become_xla_objects', 'keep_on_xla',
            'NothingToTrain', 'check_can_fit', 'XLALearner', 'is_xla_learner', 'xla_dataloaders', 'make_xla_learner']
 
-# %% ../nbs/03_callback.ipynb #4c0a8b69
+# %% ../nbs/03_callback.ipynb #8bf5cdc5
 def _moved(tensors:list, device:torch.device) -> list:
     "`tensors` on `device`: in one transfer from the host to a device or back, else each by `Tensor.to`."
+    if not tensors: return []
     sources = {t.device for t in tensors}
-    if device.type != 'cpu' and sources == {torch.device('cpu')} and runtime_of(device) is not None:
-        return runtime_of(device).to_device([t.detach() for t in tensors], device)
-    if device.type == 'cpu' and len(sources) == 1 and runtime_of(tensors[0]) is not None:
-        return runtime_of(tensors[0]).to_cpu([t.detach() for t in tensors])
+    to_device, from_device = runtime_of(device), runtime_of(tensors[0])
+    if device.type != 'cpu' and sources == {torch.device('cpu')} and to_device is not None:
+        return to_device.to_device([t.detach() for t in tensors], device)
+    if device.type == 'cpu' and len(sources) == 1 and from_device is not None:
+        return from_device.to_cpu([t.detach() for t in tensors])
     return [t.to(device) for t in tensors]
 
 def move_model(model, device) -> dict:
@@ -220,7 +222,7 @@ class PaddingCallback(Callback):
         self.learn.pred = trim_batch(self.pred, self.rows)
         self.learn.xb, self.learn.yb = trim_batch(self.xb, self.rows), trim_batch(self.yb, self.rows)
 
-# %% ../nbs/03_callback.ipynb #bae7f781
+# %% ../nbs/03_callback.ipynb #7599418e
 def _state_holder(learn):
     "The optimizer whose `state` is a dict a parameter (fastai's `Optimizer`, torch's behind `OptimWrapper`, `Lookahead`'s inner), or None."
     opt = getattr(learn, 'opt', None)
@@ -246,7 +248,8 @@ class StepStart:
             if id(p) in data: p.data = data[id(p)]
         for m, name, b in self.buffers:
             if id(b) in data: m._buffers[name] = data[id(b)]
-        for p in [p for p in self.state if all(p is not q for q, *_ in self.states)]: del self.state[p]
+        kept = {id(p) for p, *_ in self.states}
+        for p in [p for p in self.state if id(p) not in kept]: del self.state[p]   # (state the failed step made)
         for _, st, kept in self.states:
             st.clear(); st.update({k: data.get(id(v), v) if isinstance(v, torch.Tensor) else v for k, v in kept.items()})
         for p in self.params: p.grad = None

@@ -17,7 +17,7 @@ from .replicas import meeting_store, reset_signals, process_signals, interrupted
 # %% auto #0
 __all__ = ['LoopbackRendezvous', 'exit_status', 'record_error', 'ReplicaRecord', 'read_record', 'ReplicasFailed', 'launcher_pid',
            'watch_launcher', 'replica_main', 'new_interpreter_main', 'quiet_engine', 'in_thread', 'wait_for_agent',
-           'fork_server_preload', 'ElasticLauncher', 'first_failure']
+           'fork_server_preload', 'ElasticLauncher', 'no_room', 'first_failure']
 
 # %% ../nbs/00f_agent.ipynb #562d128f
 class LoopbackRendezvous(RendezvousHandler):
@@ -252,7 +252,7 @@ def wait_for_agent(done:threading.Event, pids, tick=None, grace:float=5.) -> dic
     if tick is not None: tick()
     return passed
 
-# %% ../nbs/00f_agent.ipynb #c0ae568c
+# %% ../nbs/00f_agent.ipynb #a877b552
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def fork_server_preload(runtime_modules=()) -> list:
@@ -295,8 +295,10 @@ class ElasticLauncher(Launcher):
         if method in ('fork', 'forkserver'): runtime.preload()   # (what each replica imports: inherited, not imported n times)
         if method == 'fork': _forked_jobs[str(folder)] = job; return
         import cloudpickle
-        (folder/'replicas.json').write_text(json.dumps(dict(path=list(sys.path), modules=fork_server_preload(runtime.modules))))
-        (folder/'replicas.pkl').write_bytes(cloudpickle.dumps(job))
+        try:
+            (folder/'replicas.json').write_text(json.dumps(dict(path=list(sys.path), modules=fork_server_preload(runtime.modules))))
+            (folder/'replicas.pkl').write_bytes(cloudpickle.dumps(job))
+        except OSError as e: raise no_room(e, folder.parent) from e
         if method == 'forkserver': multiprocessing.get_context('forkserver').set_forkserver_preload(fork_server_preload(runtime.modules))
 
     def run(self, fn, args:tuple=(), nprocs:int|None=None, start_method:str='spawn', folder=None, tick=None):
@@ -332,6 +334,12 @@ class ElasticLauncher(Launcher):
             if own:
                 import shutil; shutil.rmtree(folder, ignore_errors=True)
 
+
+def no_room(e:OSError, where) -> OSError:
+    "A launch's files could not be written into `where`: say what to do."
+    return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
+                            f"in {where}: {e.strerror or e}. Free space there, or set the environment variable TMPDIR to a "
+                            f"folder with room, before the launch.")
 
 def first_failure(records:dict, seen_first:int) -> int:
     "The replica whose error came first (by the time each recorded it), else `seen_first`, the one the launcher saw end first: others that ended as it did (a collective broken by its end) come after."

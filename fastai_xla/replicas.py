@@ -153,7 +153,7 @@ def gloo_options(master_addr:str|None, timeout):
                      else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
-# %% ../nbs/00c_replicas.ipynb #fa8a5dcf
+# %% ../nbs/00c_replicas.ipynb #e569aba4
 class ProcessGroupCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -208,14 +208,18 @@ class ProcessGroupCollectives(Collectives):
         self._store = None
         if getattr(self, '_listener', None) is not None: self._listener.close(); self._listener = None
 
-    def _wire(self, group): return _flat(_to_host(group) if self.via_host else group)
+    def _from_device(self, tensors):
+        "`tensors` on the host for gloo, counted (`reads`) where that read a device."
+        if runtime_of(tensors[0]) is not None: self.reads += 1
+        return _to_host(tensors)
+    def _wire(self, group): return _flat(self._from_device(group) if self.via_host else group)
     def all_reduce_sum(self, tensors, scale=1.0):
         for group in _wire_groups(tensors):
             flat = self._wire(group)
             self.group().allreduce([flat]).wait()
             _copy_parts_(group, flat * scale if scale != 1 else flat)
     def all_gather(self, t):
-        mine = (_to_host([t])[0] if self.via_host else t.detach()).contiguous()
+        mine = (self._from_device([t])[0] if self.via_host else t.detach()).contiguous()
         parts = [torch.empty_like(mine) for _ in range(self.count())]
         self.group().allgather([parts], [mine]).wait()
         res = torch.stack(parts)

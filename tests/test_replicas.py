@@ -191,6 +191,36 @@ def test_callbacks_and_lr_find_keep_replicas_identical(tmp_path):
     assert len(digests) == 2 and digests[0] == digests[1]
     assert (tmp_path/'models'/'best.pth').exists()
 
+class StepsAndTransportReads(Callback):
+    "Each epoch's optimizer steps, and how often the replicas' collectives read the device (gloo's, through host memory)."
+    def before_fit(self): self.steps, self.transport = [], []
+    def before_epoch(self): self.steps.append(0); self.transport.append(-self.learn.xla_run.collectives.reads)
+    def after_step(self): self.steps[-1] += 1
+    def after_epoch(self): self.transport[-1] += self.learn.xla_run.collectives.reads
+
+def reads_and_steps(learn):
+    "The second epoch (nothing compiles) of a fit with each of the callbacks that touch the loss, the batch or the step: its reads of the device, those of the collectives among them, its optimizer steps."
+    from fastai.callback.mixup import MixUp
+    out = {}
+    for name, cbs in (('plain', []), ('MixUp', [MixUp()]), ('GradientAccumulation', [GradientAccumulation(n_acc=128)])):
+        counts, steps = EpochCounters(), StepsAndTransportReads()
+        with learn.no_bar(): learn.fit(2, 1e-2, cbs=[counts, steps, *cbs])
+        out[name] = (counts.epochs[1]['to_host'], steps.transport[1], steps.steps[1])
+    return out
+
+def test_a_launch_reads_the_device_as_one_device_does_besides_its_collectives():
+    """Issue 68: under `learn.launch` (2 replicas over gloo), MixUp and `GradientAccumulation` read the device as often as
+    one device's run, besides the collectives' own reads: gloo's all-reduce goes through host memory (on a TPU the
+    collectives are in the step's graph and read nothing), the gradients once per optimizer step, and the same few reads a
+    phase (the metric totals) whatever the callbacks. `GradientAccumulation(n_acc=128)` steps where one device steps (its
+    128 items counted over both replicas: every second batch of 32 here, every fourth on one device), and the replicas
+    average their gradients at the step only (`AverageGradients`), not after every batch (before: a read a batch)."""
+    launched = linear_digits_learner().launch(reads_and_steps, nprocs=2, transport='gloo')
+    one = reads_and_steps(linear_digits_learner().to_xla(seed=0))
+    assert launched['GradientAccumulation'][2] == one['GradientAccumulation'][2] < launched['plain'][2], (launched, one)
+    assert len({transport - steps for _, transport, steps in launched.values()}) == 1, launched
+    assert {name: reads - transport for name, (reads, transport, _) in launched.items()} == {name: r for name, (r, *_) in one.items()}, (launched, one)
+
 class BreakMidEpoch(Callback):
     def __init__(self, out_dir=None): self.out_dir = out_dir
     def after_batch(self):

@@ -25,11 +25,15 @@ batches to the device in a background thread, as it does by default on a TPU and
   pixels, then new loaders at 24 (`learn.dls = ...`) and `fine_tune`; the columns are `fine_tune`'s (its second fit's
   epochs: the new size compiles in its first);
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
-  16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it).
+  16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it);
+- `mixup`, `cutmix`: the vision recipe with fastai's `MixUp()` or `CutMix()` (fastbook's chapter 7);
+- `accumulate`: fastbook's chapter 7 with small batches: label smoothing (`LabelSmoothingCrossEntropy`), batches of 32,
+  `GradientAccumulation(n_acc=64)` (a step every second batch; under `--launch` every replica's items count).
 Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
 through `learn.launch` on 2 replica processes over gloo (the CPU device's transport; each replica takes half the
-recipe's batch size, so the run takes one device's steps; the reads per epoch grow with the steps: gloo's all-reduce
-reads each step's gradients, as `tests/test_applications.py` says). `--host-rounds N --recipes vision tabular` prints
+recipe's batch size, so the run takes one device's steps). Its reads per epoch are split in two: gloo's (its
+all-reduce goes through host memory: the gradients once per optimizer step, the metric totals once a phase; on a TPU
+the collectives are in the step's graph and read nothing) and the others, which should equal one device's. `--host-rounds N --recipes vision tabular` prints
 instead the host's time per step on XLA and in the hand-written loop, measured N times alternating, with the medians.
 
 Columns: median epoch time after the first (the first compiles) on each device and their ratio; XLA compilations
@@ -129,6 +133,17 @@ def regression(out):
                                      y_names='digit', y_block=RegressionBlock(), valid_idx=list(range(0, len(df), 5)), bs=64)
     return tabular_learner(dls, y_range=(-0.5, 9.5), metrics=[rmse, R2Score()]), 'r2_score', 1e-2
 
+def smoothed_small_batches(out):
+    "fastbook's chapter 7 with a small batch: label smoothing, batches of 32 (the vision recipe's items), `GradientAccumulation`."
+    path = digits_folder(out/'fastai_xla_digits32', size=32)
+    dls = ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=32, batch_tfms=aug_transforms())
+    return vision_learner(dls, resnet18, pretrained=False, loss_func=LabelSmoothingCrossEntropy(), metrics=accuracy), 'accuracy', 1e-2
+
+def with_callbacks(*make):
+    "A one-cycle fit with fastai's training callbacks `make()` (made anew for each fit), as fastbook's chapter 7 adds them."
+    def fit(learn, epochs, lr, cbs): learn.fit_one_cycle(epochs, lr, cbs=[*L(cbs), *(m() for m in make)])
+    return fit
+
 def resized_digits(out, size:int, bs:int=64):
     "fastbook's `get_dls` (chapter 7) on the digits: the items resized to `size`, then `aug_transforms` at `size`."
     path = digits_folder(out/'fastai_xla_digits32', size=32)
@@ -147,19 +162,22 @@ def progressive_fit(learn, epochs, lr, cbs):
     learn.fine_tune(epochs, lr, cbs=cbs)
 
 RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan,
-               multilabel=multilabel, keypoints=keypoints, regression=regression, progressive=progressive)
-FITS = dict(gan='fit', progressive=progressive_fit)   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
+               multilabel=multilabel, keypoints=keypoints, regression=regression, progressive=progressive,
+               mixup=vision, cutmix=vision, accumulate=smoothed_small_batches)
+FITS = dict(gan='fit', progressive=progressive_fit,   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
+            mixup=with_callbacks(MixUp), cutmix=with_callbacks(CutMix), accumulate=with_callbacks(partial(GradientAccumulation, n_acc=64)))
 
 class EpochStats(Callback):
     "Each epoch's time and, on XLA, its counters."
     order = 100
     def __init__(self, on_xla): self.on_xla = on_xla
     def before_fit(self): self.epochs = []
+    def _transport_reads(self): return self.learn.xla_run.collectives.reads if self.on_xla else 0
     def before_epoch(self):
-        self.t0, self.c0 = time.perf_counter(), xla_counters() if self.on_xla else {}
+        self.t0, self.c0, self.r0 = time.perf_counter(), xla_counters() if self.on_xla else {}, self._transport_reads()
     def after_epoch(self):
         e = counters_diff(xla_counters(), self.c0) if self.on_xla else {}
-        self.epochs.append(dict(e, seconds=time.perf_counter() - self.t0))
+        self.epochs.append(dict(e, seconds=time.perf_counter() - self.t0, transport_reads=self._transport_reads() - self.r0))
 
 def final(learn, name):
     names = list(learn.recorder.metric_names[1:-1])     # without 'epoch' and 'time'
@@ -239,13 +257,15 @@ def run_launched(recipe, out, epochs):
 
 def print_launched(recipes, out, epochs):
     "`--launch`: one table, each recipe on 2 replicas (each replica half the recipe's batch: one device's steps)."
-    print('| recipe | metric | launched, 2 replicas | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) |')
-    print('|---|---|---|---|---|---|')
+    print('| recipe | metric | launched, 2 replicas | compiles in epoch 1 | compiles after epoch 1 | reads / epoch (max) | '
+          "of them gloo's (max) | the others (max) |")
+    print('|---|---|---|---|---|---|---|---|')
     for r in recipes:
         _, metric, _ = RECIPES[r](out)
         value, es = run_launched(r, out, epochs)
         print(f"| {r} | {metric} | {value:.4f} | {es[0]['compiles']} | {sum(e['compiles'] for e in es[1:])} | "
-              f"{max(e['to_host'] for e in es)} |", flush=True)
+              f"{max(e['to_host'] for e in es)} | {max(e['transport_reads'] for e in es)} | "
+              f"{max(e['to_host'] - e['transport_reads'] for e in es)} |", flush=True)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

@@ -36,10 +36,10 @@ from .metrics import DeviceMetricsCallback, ReplicaPredsCallback, is_sharded
 __all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_callbacks', 'move_model', 'rebind_optimizer',
            'handles', 'lean_dispatch', 'finding_lr', 'TPUCallback', 'AverageGradients',
            'GradientAccumulationOverReplicas', 'RestoreAfterLRFind', 'PaddingCallback', 'StepStart',
-           'leave_failed_step', 'StepBoundaryCallback', 'CastToPlainTensor', 'FlatLossOnXLA', 'on_xla_learner',
-           'check_learner', 'learner_mixins', 'Change', 'ClassChanged', 'AttrSet', 'CallbackAdded', 'CallbackRemoved',
-           'OptimizerChanged', 'ModelMoved', 'XLAChanges', 'become_xla_objects', 'keep_on_xla', 'NothingToTrain',
-           'check_can_fit', 'XLALearner', 'is_xla_learner', 'xla_dataloaders', 'make_xla_learner']
+           'leave_failed_step', 'StepBoundaryCallback', 'CastToPlainTensor', 'FlatLossOnXLA', 'for_master_only',
+           'on_xla_learner', 'check_learner', 'learner_mixins', 'Change', 'ClassChanged', 'AttrSet', 'CallbackAdded',
+           'CallbackRemoved', 'OptimizerChanged', 'ModelMoved', 'XLAChanges', 'become_xla_objects', 'keep_on_xla',
+           'NothingToTrain', 'check_can_fit', 'XLALearner', 'is_xla_learner', 'xla_dataloaders', 'make_xla_learner']
 
 # %% ../nbs/03_callback.ipynb #8bf5cdc5
 def _moved(tensors:list, device:torch.device) -> list:
@@ -345,9 +345,18 @@ class FlatLossOnXLA(XLAVersion):
         if flat is not None: return self.func(inp, flat, **kwargs)
         return super().__call__(inp, targ, **kwargs)
 
-# %% ../nbs/03_callback.ipynb #3090f465
+# %% ../nbs/03_callback.ipynb #8abe6b71
 learner_checks, learner_setups, learner_mixins_ = [], [], []   # filled by the features (see `on_xla_learner`)
-master_only_callbacks = [ShowGraphCallback, CSVLogger]   # they draw or write the master's view: off on the other replicas
+# they draw or write the master's view: off on the other replicas (fastai's loggers of packages it imports only when asked
+# for, by their qualified names: TensorBoard's, Weights & Biases'). fastai's own TensorBoard and W&B callbacks ask
+# `rank_distrib()`, which reads torch's `RANK`: torchrun and torch's agent set it, `xmp.spawn` does not
+master_only_callbacks = [ShowGraphCallback, CSVLogger, 'fastai.callback.tensorboard.TensorBoardBaseCallback',
+                         'fastai.callback.wandb.WandbCallback']
+
+def for_master_only(cb) -> bool:
+    "Is `cb` one of `master_only_callbacks` (a class among them or named there)?"
+    names = {f'{c.__module__}.{c.__qualname__}' for c in type(cb).__mro__}
+    return any(isinstance(cb, k) if isinstance(k, type) else k in names for k in master_only_callbacks)
 
 def on_xla_learner(check=None, setup=None, mixin=None, applies=None):
     "A feature's `check(learn)` (raises before `to_xla` changes anything, and before each fit), `setup(learn)` (ends `to_xla`; its changes go through `learn.xla_changes`, which undoes them) and learner `mixin` (for learner classes where `applies(cls)`, default all)."
@@ -495,7 +504,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #c386ac8d
+# %% ../nbs/03_callback.ipynb #39ccf1ff
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -504,7 +513,7 @@ def become_xla_objects(learn):
     run = learn.xla_run
     for cb in learn.cbs:
         changes.make(callback_versions, cb)
-        if not run.is_master and isinstance(cb, tuple(master_only_callbacks)): changes.set(cb, 'run', False)
+        if not run.is_master and for_master_only(cb): changes.set(cb, 'run', False)
         # fastai's graph draws into the progress bar: where there is none (`learn.launch` relays the master's), no graph
         if isinstance(cb, ShowGraphCallback) and not any(isinstance(c, ProgressCallback) for c in learn.cbs): changes.set(cb, 'run', False)
 

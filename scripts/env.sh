@@ -72,8 +72,9 @@ dev_env() {   # .venv
 
     # added since .venv's spec: the docs' renderer where Quarto is missing (nbconvert), tests two at a time (pytest-xdist),
     # timm's models for benchmarks/architectures.py, the linter (ruff, pinned: a new release may add findings), ninja for
-    # torch's C++ extension builder (the eager `tpu` test device, tests/eager_tpu.py; it also needs a C++ compiler, g++)
-    DEV_EXTRAS="nbconvert pytest-xdist timm ruff==0.8.6 ninja"
+    # torch's C++ extension builder (the eager `tpu` test device, tests/eager_tpu.py; it also needs a C++ compiler, g++),
+    # the loggers fastai offers that users keep for long runs (TensorBoard's and Weights & Biases', offline in the tests)
+    DEV_EXTRAS="nbconvert pytest-xdist timm ruff==0.8.6 ninja tensorboard wandb"
     if [ "$(cat "$ROOT/.venv/.extras-stamp" 2>/dev/null)" != "$DEV_EXTRAS" ]; then
         _pip "$ROOT/.venv" $DEV_EXTRAS
         echo "$DEV_EXTRAS" > "$ROOT/.venv/.extras-stamp"

@@ -191,6 +191,51 @@ def test_callbacks_and_lr_find_keep_replicas_identical(tmp_path):
     assert len(digests) == 2 and digests[0] == digests[1]
     assert (tmp_path/'models'/'best.pth').exists()
 
+def long_run(learn, out_dir):
+    "The callbacks users keep for long runs, on every replica (W&B's run started on the master, as its docs ask); what each replica saw."
+    import wandb
+    from fastai.callback.tensorboard import TensorBoardCallback
+    from fastai.callback.wandb import WandbCallback
+    os.environ.update(WANDB_MODE='offline', WANDB_DIR=out_dir, WANDB_SILENT='true')   # (no network: the run is written offline)
+    if is_master(): wandb.init(project='fastai_xla')
+    never_better = dict(monitor='valid_loss', comp=np.greater)       # (a falling loss never "improves": they act soon)
+    learn.fit(8, 1e-2, cbs=[CSVLogger(fname=str(Path(out_dir, 'history.csv'))), SaveModelCallback(monitor='accuracy', fname='best'),
+                            EarlyStoppingCallback(patience=3, **never_better), ReduceLROnPlateau(patience=1, factor=10, **never_better),
+                            TensorBoardCallback(log_dir=str(Path(out_dir, 'tensorboard'))), WandbCallback(log_preds=False)])
+    logged = {k: v for k, v in dict(wandb.run.summary).items() if k in ('accuracy', 'epoch')} if is_master() else None
+    if is_master(): wandb.finish()
+    Path(out_dir, f'replica-{replica_ordinal()}.json').write_text(json.dumps(dict(
+        values=[[float(x) for x in v] for v in learn.recorder.values], lr=learn.opt.hypers[0]['lr'], digest=_params_digest(learn),
+        wandb=logged)))
+
+def test_the_loggers_and_trackers_of_long_runs_write_once_and_act_alike_under_launch(tmp_path):
+    """Issue 68: fastai's `CSVLogger`, `SaveModelCallback`, `EarlyStoppingCallback`, `ReduceLROnPlateau`, `TensorBoardCallback`
+    and `WandbCallback` (offline) in every replica of `learn.launch` (2 over gloo): the loggers write once, from the master,
+    every epoch's exact metrics (one CSV file, one TensorBoard event file, one W&B run); the best model is saved once and
+    loads on the host; early stopping ends every replica at the same epoch, and the plateau's lower rate is every replica's."""
+    linear_digits_learner(path=tmp_path).launch(long_run, str(tmp_path), nprocs=2, transport='gloo')
+    assert_long_run_logged_once_and_alike(tmp_path)
+
+def assert_long_run_logged_once_and_alike(tmp_path):
+    "What `long_run`'s replicas left in `tmp_path`: see the test above (and `test_torchrun.py`'s)."
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    reps = reports(tmp_path)
+    epochs = len(reps[0]['values'])
+    assert 1 < epochs < 8 and all(r['values'] == reps[0]['values'] for r in reps), reps     # stopped early, on each alike
+    assert reps[0]['lr'] == reps[1]['lr'] < 1e-3 and reps[0]['digest'] == reps[1]['digest'], reps
+    rows = (tmp_path/'history.csv').read_text().splitlines()
+    assert rows[0].startswith('epoch,train_loss,valid_loss,accuracy') and len(rows) == 1 + epochs, rows
+    test_close([float(r.split(',')[3]) for r in rows[1:]], [v[2] for v in reps[0]['values']])
+    best = max(v[2] for v in reps[0]['values'])
+    learn = linear_digits_learner(path=tmp_path).load('best')       # (on the host)
+    test_close(learn.validate()[1], best)
+    [events] = list((tmp_path/'tensorboard').glob('events.out.tfevents.*'))
+    logged = EventAccumulator(str(events)); logged.Reload()
+    test_close([s.value for s in logged.Scalars('accuracy')], [v[2] for v in reps[0]['values']])
+    assert len(list((tmp_path/'wandb').glob('offline-run-*'))) == 1
+    summary = reps[0]['wandb']                        # (the run's last values, as the master's W&B run holds them)
+    test_close(summary['accuracy'], reps[0]['values'][-1][2]); assert summary['epoch'] == epochs, summary
+
 class StepsAndTransportReads(Callback):
     "Each epoch's optimizer steps, and how often the replicas' collectives read the device (gloo's, through host memory)."
     def before_fit(self): self.steps, self.transport = [], []

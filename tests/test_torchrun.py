@@ -233,3 +233,22 @@ def test_a_nan_on_one_replica_cancels_every_replica_named(tmp_path):
     fault_row("a NaN loss on one replica under torchrun with fastai's `TerminateOnNaNCallback`",
               'every replica cancels its fit in the same epoch, each naming the callback, the epoch, the batch and the loss; all '
               'exit 0 and can fit again (seconds: from the NaN to the last replica out of its fit)', took, 'nothing (the fit stops where fastai stops it)')
+
+LONG_RUN = '''
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import *
+from test_replicas import long_run
+long_run(linear_digits_learner(path=Path.cwd()).to_tpu_distributed(seed=0), str(Path.cwd()))
+'''
+
+def test_the_loggers_and_trackers_of_long_runs_write_once_and_act_alike_under_torchrun(tmp_path):
+    """Issue 68: the callbacks users keep for long runs (`test_replicas.py`'s test under `learn.launch`: fastai's CSV,
+    TensorBoard and W&B loggers, the best model's save, early stopping, the plateau's rate) in a script under `torchrun
+    --standalone --nproc-per-node=2` that calls `to_tpu_distributed()`: written once, alike on both replicas."""
+    from test_replicas import assert_long_run_logged_once_and_alike
+    (tmp_path/'train.py').write_text(LONG_RUN.format(tests=str(TESTS)))
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', 'train.py'],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert_long_run_logged_once_and_alike(tmp_path)

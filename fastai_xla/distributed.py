@@ -46,11 +46,11 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #8550f084
+# %% ../nbs/04_distributed.ipynb #54a235a8
 XLA_FEATURES = (metrics, checkpoint, resume, precision, diagnostics, models)   # (every learner's)
 
 def application_features() -> list:
-    "The feature modules of fastai's applications the user has loaded (text, vision's augmentations, GANs), imported now."
+    "The feature modules of fastai's applications the user has loaded (text, vision's augmentations, GANs, TensorBoard's logger), imported now."
     loaded = []
     if 'fastai.vision.augment' in sys.modules:
         from fastai_xla import augment; loaded.append(augment)
@@ -58,6 +58,8 @@ def application_features() -> list:
         from fastai_xla import text; loaded.append(text)
     if 'fastai.vision.gan' in sys.modules:
         from fastai_xla import gan; loaded.append(gan)
+    if 'fastai.callback.tensorboard' in sys.modules:
+        from fastai_xla import loggers; loaded.append(loggers)
     return loaded
 
 @patch

@@ -119,7 +119,7 @@ image_env() {   # $1: the environment's name (colab, kaggle), $2: its Python's v
     "$venv/bin/pip" install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$ROOT" 2>&1 | _quiet_pip
 }
 
-COLAB_IMAGE="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai"         # Colab's TPU image (2026-08), fastai the newest
+COLAB_IMAGE="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai tensorboard"   # Colab's TPU image (2026-08, which has TensorBoard), fastai the newest
 KAGGLE_IMAGE="torch==2.8.0 torch_xla==2.8.0 torchvision==0.23.0 fastcore<2"   # Kaggle's TPU image (mid 2026)
 # TorchTPU's stack, the native backend's TPU device: torch 2.13 + torch-tpu 0.2.0 (and its libtpu) + fastai, no torch_xla;
 # fastai_xla installed with the README's command for it. Without a TPU chip only what needs none is tested there

@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
            'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #7e788a01
+# %% ../nbs/00_backend.ipynb #de54acf7
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -27,8 +27,9 @@ class Runtime:
     def to_device(self, tensors:list, device, shardings=None) -> list: "Plain CPU tensors to `device`, in one transfer."; raise NotImplementedError
     def to_cpu(self, tensors:list) -> list: "Plain device tensors to the CPU, in one transfer."; raise NotImplementedError
     def after_step(self, fn, tensors:list): "Call `fn(*cpu_tensors)` once the step computing `tensors` has run, without making the host wait for it."; raise NotImplementedError
-    def materialize(self, tensors:list):
-        "Compute `tensors` now, in a program of their own, without waiting: later steps take them as data (on a lazy device: not as constants of their graphs). An eager device computed them already."
+    def zeros_like(self, tensors:list) -> list:
+        "Zeros like each of `tensors`, as data on their device: on a lazy device, not constants of the graph that uses them (sent from the host, in one transfer)."
+        return [torch.zeros_like(t) for t in tensors]
     defers_failures = False   # (does a step's error show only where the step ends, its in-place updates traced: a lazy device?)
     def keep_data(self, tensors:list) -> list:
         "Each tensor's data as it is now, held apart from the tensor (no copy): what puts it back should the step about to run fail at its end and take the tensor's data with it (where `defers_failures`)."

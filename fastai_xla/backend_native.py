@@ -62,7 +62,7 @@ def check_device_type(device_type:str) -> str:
                            f"(torch.{device_type}.is_available() is False): unset it, or run where there is one.")
     return device_type
 
-# %% ../nbs/00e_backend_native.ipynb #05e4520c
+# %% ../nbs/00e_backend_native.ipynb #add2509a
 class NativeRuntime(Runtime):
     "PyTorch's own device of type `device_type` (TorchTPU's `tpu`, `cuda`, torch_xla's `xla`, or the CPU, which is the host)."
     chip_started = False   # (has this process put a tensor on its device: a fact of the process, not of a replica)
@@ -97,8 +97,7 @@ class NativeRuntime(Runtime):
         return [t.cpu() for t in tensors]
     def after_step(self, fn, tensors): self.queued.append((fn, [t.detach() for t in tensors]))
     defers_failures = property(lambda self: self.lazy is not None)
-    def materialize(self, tensors):
-        if self.lazy is not None: self.lazy.materialize(tensors)
+    def zeros_like(self, tensors): return self.lazy.zeros_like(tensors) if self.lazy is not None else super().zeros_like(tensors)
     def keep_data(self, tensors): return self.lazy.keep_data(tensors) if self.lazy is not None else super().keep_data(tensors)
     def drop_failed_step(self):
         if self.lazy is not None: self.lazy.drop_failed_step(); self.queued = []

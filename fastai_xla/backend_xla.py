@@ -111,7 +111,7 @@ def _C():
     "torch_xla's C++ extension."
     return import_torch_xla()._XLAC
 
-# %% ../nbs/00d_backend_xla.ipynb #7917bc1f
+# %% ../nbs/00d_backend_xla.ipynb #6d189e33
 class XLARuntime(Runtime):
     "torch_xla's lazy `xla` device."
     device_type = 'xla'
@@ -123,9 +123,9 @@ class XLARuntime(Runtime):
         return _C()._xla_tensors_from_aten(list(tensors), [str(device)] * len(tensors), shardings)
     def to_cpu(self, tensors): return _C()._xla_get_cpu_tensors(list(tensors))
     def after_step(self, fn, tensors): _xm().add_step_closure(lambda *ts: fn(*[t.cpu() for t in ts]), tuple(tensors), run_async=True)
-    def materialize(self, tensors):
-        if _xr().is_spmd(): return       # (the compiler shards them with the step that uses them, as the parameters are)
-        _C()._xla_sync_multi(list(tensors), devices=[], wait=False)
+    def zeros_like(self, tensors):
+        if _xr().is_spmd(): return super().zeros_like(tensors)   # (the compiler shards them with the step that uses them)
+        return self.to_device([torch.zeros(t.shape, dtype=t.dtype) for t in tensors], tensors[0].device)
     defers_failures = True
     def keep_data(self, tensors):
         C = _C()

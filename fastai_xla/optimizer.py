@@ -21,7 +21,7 @@ __all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'picked', 'r
            'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
            'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #87cddfba
+# %% ../nbs/02a_optimizer.ipynb #055ee1b5
 def picked(xs:list, ix:list) -> list: return [xs[i] for i in ix]
 
 def replaced(xs:list, ix:list, new:list) -> list:
@@ -50,11 +50,10 @@ class GroupStep:
         return [self.states[i][key] for i in ix]
 
     def _start(self, key:str, ix:list):
-        "Zeros as the state `key` of the parameters at `ix`, computed now (data, not constants of this step's graph: see above)."
-        zeros = [torch.zeros_like(self.grads[i]) for i in ix]
-        runtime = runtime_of(zeros[0])
-        if runtime is not None: runtime.materialize(zeros)
-        self.set_state(key, zeros, ix)
+        "Zeros as the state `key` of the parameters at `ix`: data, not constants of this step's graph (see above)."
+        grads = picked(self.grads, ix)
+        runtime = runtime_of(grads[0])
+        self.set_state(key, runtime.zeros_like(grads) if runtime is not None else [torch.zeros_like(g) for g in grads], ix)
 
     def set_state(self, key:str, values:list, ix=None):
         for i, v in zip(self.all if ix is None else ix, values): self.states[i][key] = v

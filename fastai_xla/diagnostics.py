@@ -175,7 +175,7 @@ def late_compile_message(row:dict, late:list, unexpected:int) -> str:
     return (f"{unexpected} graph{'s' if unexpected > 1 else ''} compiled in epoch {row['epoch']}, after the first, where the "
             f"steps should reuse the first epoch's: {where}. " + ' '.join(LATE_COMPILE_ADVICE[c] for c in LATE_COMPILE_ADVICE if c in causes))
 
-# %% ../nbs/07_diagnostics.ipynb #72114481
+# %% ../nbs/07_diagnostics.ipynb #510de9c7
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit (at `XLADiagnostics`' order, late at each event), then it leaves the learner."
     run_valid = False
@@ -226,7 +226,7 @@ class XLADiagnostics(Callback):
         self.step = dict(phase='training' if self.training else 'validation', step=self.iter, of=len(self.dl), kind=kind,
                          shapes=shapes, why=None)
         if self.training and kind not in self.first_steps:
-            self.first_steps[kind] = key                           # a graph of its own: no optimizer state yet
+            self.first_steps[kind] = key                           # a graph of its own where the state starts in it
             self.step['why'] = f"the first {kind or 'training'} step of the fit (its optimizer's state begins)"
         elif key not in self.seen:
             self.seen.add(key)

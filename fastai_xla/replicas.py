@@ -55,7 +55,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #28fee337
+# %% ../nbs/00c_replicas.ipynb #d57ed2a6
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -78,8 +78,10 @@ def meeting_store(addr:str, port:int, world_size:int, timeout:float, serve:bool)
     "`(store, listener)`: torch's `TCPStore` at `addr:port`, served by this process on a socket bound to `addr` alone (`listener`, kept open by the caller) when `serve`, else reached (`listener` None)."
     listener = listening_socket(addr, port) if serve else None
     if serve: port = listener.getsockname()[1]         # (port 0: the one the kernel chose)
+    # the store closes the descriptor it is given when it goes: its own copy (else the caller's close, or the store's,
+    # would close whatever file had the number by then)
     store = dist.TCPStore(addr, port, world_size, serve, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout),
-                          master_listen_fd=listener.fileno() if serve else None)
+                          master_listen_fd=os.dup(listener.fileno()) if serve else None)
     return store, listener
 
 _MAKE_SECRET = 'python -c "import secrets; print(secrets.token_hex(16))"'

@@ -90,6 +90,17 @@ def test_the_meeting_store_listens_on_loopback_alone():
         assert reached.get('k') == b'v'
     finally: listener.close()
 
+def test_the_store_and_its_listener_each_close_their_own_descriptor():
+    """torch's `TCPStore` closes the listening descriptor it is given when it goes. It was given the listener's own: the
+    listener's close, then the store's, closed one number twice, the second time whatever file had it by then (a CI run
+    lost pytest's own directory listing so: `OSError: [Errno 9] Bad file descriptor`). Now the store gets a copy."""
+    import gc
+    store, listener = meeting_store('127.0.0.1', 0, 1, 5., serve=True)
+    fd = listener.fileno()
+    del store; gc.collect()
+    os.fstat(fd)                       # still open: the store closed its own copy, not the listener's
+    listener.close()
+
 def test_a_runs_keys_are_named_after_its_secret_and_its_attempt():
     a, b = private_prefix('x' * 32, 'run'), private_prefix('y' * 32, 'run')
     assert a != b and a.startswith('run/') and len(a) > 30 and private_prefix(None, 'run') == 'run/'

@@ -17,7 +17,7 @@ __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_sig
            'check_exposure', 'gloo_options', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
            'reset_signals', 'named_signals', 'SignalNotice']
 
-# %% ../nbs/00c_replicas.ipynb #6a58f103
+# %% ../nbs/00c_replicas.ipynb #51d1abe4
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 def _wire_groups(tensors) -> list:
@@ -36,11 +36,6 @@ def _copy_parts_(tensors, flat):
         rt = runtime_of(tensors[0])
         flat = rt.to_device([flat], tensors[0].device)[0] if rt is not None else flat.to(tensors[0].device)
     for t, part in zip(tensors, flat.split([t.numel() for t in tensors])): t.copy_(part.reshape(t.shape).to(t.dtype))
-
-def _to_host(tensors:list) -> list:
-    "`tensors` on the host, in one read per device."
-    rt = runtime_of(tensors[0]) if tensors else None
-    return rt.to_cpu([t.detach() for t in tensors]) if rt is not None else list(tensors)
 
 def joining_error(s:Settings, e:Exception) -> Exception:
     "What to tell a replica that could not join the others (`e`: torch.distributed's error)."
@@ -155,7 +150,7 @@ def gloo_options(master_addr:str|None, timeout):
                      else dist.ProcessGroupGloo.create_default_device()]     # (gloo's own choice: the host name's address)
     return opts
 
-# %% ../nbs/00c_replicas.ipynb #e569aba4
+# %% ../nbs/00c_replicas.ipynb #029d2061
 class ProcessGroupCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
     def __init__(self, settings:Settings, group:str='gloo'):
@@ -211,9 +206,11 @@ class ProcessGroupCollectives(Collectives):
         if getattr(self, '_listener', None) is not None: self._listener.close(); self._listener = None
 
     def _from_device(self, tensors):
-        "`tensors` on the host for gloo, counted (`reads`) where that read a device."
-        if runtime_of(tensors[0]) is not None: self.reads += 1
-        return _to_host(tensors)
+        "`tensors` (of one device) on the host for gloo, in one read of the device, counted (`reads`); host tensors as they are."
+        rt = runtime_of(tensors[0])
+        if rt is None: return list(tensors)
+        self.reads += 1
+        return rt.to_cpu([t.detach() for t in tensors])
     def _wire(self, group): return _flat(self._from_device(group) if self.via_host else group)
     def all_reduce_sum(self, tensors, scale=1.0):
         for group in _wire_groups(tensors):

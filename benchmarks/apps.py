@@ -45,7 +45,10 @@ thread's CPU time per step (an epoch without the profiler) on eager CPU, on XLA,
 the hand-written torch_xla loop of `reference_loop.py` (torch Adam, `MpDeviceLoader`) on the recipe's own model, items
 and batch size, without augmentation, and XLA's ratio to it. Counts are exact and repeat from run to run; times are this
 machine's: the CPU XLA device runs convolutions much slower than PyTorch's CPU kernels, so the time ratio says
-nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure).
+nothing about a TPU (on a TPU the device does the arithmetic; what stays on the host is what the counts measure). The last
+two columns: transfers from the host to the device per training step (torch_xla's count, exact; one transfer may carry
+several tensors) on XLA and in the hand-written loop: the batch, the random generator's seed where the model has
+dropout, and with fastai_xla the step's numbers (one transfer) and the batch augmentations' draws (one).
 `resnet18` is fastai's architecture with random weights (`pretrained=False`: this machine has no internet)."""
 import argparse, statistics, time, warnings
 from pathlib import Path
@@ -284,17 +287,20 @@ def main():
         return print_host_rounds(a.recipes, Path(a.out), a.host_rounds)
     print('| recipe | eager epoch s | XLA epoch s | XLA / eager | compiles in epoch 1 | compiles after epoch 1 | '
           'reads / epoch (max) | metric | eager | XLA | XLA ops / step | Python calls / step: eager | XLA | XLA / eager | '
-          'XLA calls by package | host CPU ms / step: eager | XLA | hand-written loop | XLA / loop |')
-    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
+          'XLA calls by package | host CPU ms / step: eager | XLA | hand-written loop | XLA / loop | '
+          'transfers to the device / step: XLA | loop |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|')
     for r in a.recipes:
         eager, m_eager, metric, n_eager = run(r, Path(a.out), a.epochs, on_xla=False)
         xla, m_xla, _, n_xla = run(r, Path(a.out), a.epochs, on_xla=True)
         loop = run_hand_written(r, Path(a.out)) if r in HAND_WRITTEN else None
         t_eager, t_xla = (statistics.median(e['seconds'] for e in es[1:]) for es in (eager, xla))
         versus_loop = f"{loop['host_ms']:.1f} | {n_xla['host_ms'] / loop['host_ms']:.2f}" if loop else '- | -'
+        loop_uploads = f"{loop['uploads']:.1f}" if loop else '-'
         print(f"| {r} | {t_eager:.2f} | {t_xla:.2f} | {t_xla / t_eager:.2f} | {xla[0]['compiles']} | "
               f"{sum(e['compiles'] for e in xla[1:])} | {max(e['to_host'] for e in xla)} | {metric} | {m_eager:.4f} | {m_xla:.4f} | "
               f"{n_xla['xla_ops']:.0f} | {n_eager['py_calls']:.0f} | {n_xla['py_calls']:.0f} | {n_xla['py_calls'] / n_eager['py_calls']:.2f} | "
-              f"{top_packages(n_xla['by_package'])} | {n_eager['host_ms']:.1f} | {n_xla['host_ms']:.1f} | {versus_loop} |", flush=True)
+              f"{top_packages(n_xla['by_package'])} | {n_eager['host_ms']:.1f} | {n_xla['host_ms']:.1f} | {versus_loop} | "
+              f"{n_xla['uploads']:.1f} | {loop_uploads} |", flush=True)
 
 if __name__ == '__main__': main()

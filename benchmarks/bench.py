@@ -118,14 +118,14 @@ class StepCounts:
         package = (frame.f_globals.get('__name__') or '?').split('.')[0]
         self.by_package[package] = self.by_package.get(package, 0) + 1
     def start(self):
-        self.ops0, self.cpu0, self.wall0 = xla_ops(), time.thread_time(), time.perf_counter()
+        self.ops0, self.up0, self.cpu0, self.wall0 = xla_ops(), xla_uploads(), time.thread_time(), time.perf_counter()
         if self.profile: threading.setprofile(self._count); sys.setprofile(self._count)
     def stop(self, steps:int):
         if self.profile: sys.setprofile(None); threading.setprofile(None)
         self.cpu, self.wall = time.thread_time() - self.cpu0, time.perf_counter() - self.wall0
-        self.ops, self.steps = xla_ops() - self.ops0, steps
+        self.ops, self.uploads, self.steps = xla_ops() - self.ops0, xla_uploads() - self.up0, steps
     def per_step(self) -> dict:
-        res = dict(xla_ops=self.ops / self.steps, steps=self.steps)
+        res = dict(xla_ops=self.ops / self.steps, uploads=self.uploads / self.steps, steps=self.steps)
         if not self.profile: return dict(res, host_ms=1e3 * self.cpu / self.steps, wall_ms=1e3 * self.wall / self.steps)
         return dict(res, py_calls=self.calls / self.steps, by_package={k: v / self.steps for k, v in self.by_package.items()})
 
@@ -144,6 +144,11 @@ def xla_ops() -> int:
     "XLA operations traced so far: the sum of torch_xla's `xla::` counters."
     import torch_xla.debug.metrics as met
     return sum(met.counter_value(k) for k in met.counter_names() if k.startswith('xla::'))
+
+def xla_uploads() -> int:
+    "Transfers from the host to the XLA device so far (torch_xla's `TransferToDeviceTime` count: one per transfer, of one tensor or of many together)."
+    import torch_xla.debug.metrics as met
+    return (met.metric_data('TransferToDeviceTime') or [0])[0]
 
 def _fastai_learner(model_name, bs=64, defaults=False):
     import torch

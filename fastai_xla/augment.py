@@ -17,9 +17,9 @@ from .data import register_device_tfm
 
 # %% auto #0
 __all__ = ['source_coords', 'pixels_at', 'gather_grid_sample', 'area_matrix', 'area_resize', 'grid_sample_on_xla',
-           'perspective_coeffs', 'perspective_on_xla', 'crop_matrix', 'coord_on_xla', 'inverse_2x2', 'points_on_xla',
-           'boxes_on_xla', 'affine_coord_on_xla', 'AffineOnXLA', 'ResizedCropOnXLA', 'host_stand_in', 'drawn_on_host',
-           'lighting_on_xla', 'lighting_drawn_on_host', 'cutmix_box', 'CutMixOnXLA']
+           'perspective_coeffs', 'perspective_on_xla', 'crop_matrix', 'coord_on_xla', 'solved_perspective',
+           'inverse_2x2', 'points_on_xla', 'boxes_on_xla', 'affine_coord_on_xla', 'AffineOnXLA', 'ResizedCropOnXLA',
+           'host_draws', 'crop_draws', 'applied', 'lighting_on_xla', 'lighting_applied', 'cutmix_box', 'CutMixOnXLA']
 
 # %% ../nbs/12_augment.ipynb #51826643
 def _reflect(i, twice_low, twice_high):
@@ -120,13 +120,18 @@ def crop_matrix(top_left, crop_size, size, n:int) -> torch.Tensor:
     return torch.tensor([[(cw - 1) / (w - 1), 0., (2*left + cw - 1) / (w - 1) - 1],
                          [0., (ch - 1) / (h - 1), (2*top + ch - 1) / (h - 1) - 1]]).expand(n, 2, 3)
 
-# %% ../nbs/12_augment.ipynb #69b7623b
+# %% ../nbs/12_augment.ipynb #55da6591
 def coord_on_xla(f, invert:bool=False):
     "fastai's coordinate function `f` of an affine transform (`invert`: the way it moves points), with fastai's warp (`_WarpCoord`) as `perspective_on_xla`."
     if not isinstance(f, warp_coord_class()): return partial(f, invert=True) if invert else f
-    pts = (f.targ_pts, f.orig_pts) if invert else (f.orig_pts, f.targ_pts)
-    coeffs = perspective_coeffs(*map(plain_tensor, pts))   # (the solve stays on the host; plain tensors: no fastai dispatch per op)
+    if getattr(f, 'perspective_of', None) is f.targ_pts: coeffs = f.inverse_perspective if invert else f.perspective   # (sent with the draws)
+    else: coeffs = solved_perspective(f)[1 if invert else 0]
     return lambda coords: perspective_on_xla(coords, coeffs)
+
+def solved_perspective(f) -> tuple:
+    "The perspective of fastai's warp `f` (its points drawn) and its inverse, each solved on the host (plain tensors: no fastai dispatch per operation)."
+    orig, targ = plain_tensor(f.orig_pts), plain_tensor(f.targ_pts)
+    return perspective_coeffs(orig, targ), perspective_coeffs(targ, orig)
 
 def inverse_2x2(m):
     "The inverse of each 2x2 matrix of `m` (..., 2, 2), from its determinant: ops XLA lowers."
@@ -178,27 +183,39 @@ class AffineOnXLA(XLAVersion):
 
 class ResizedCropOnXLA(XLAVersion):
     "The XLA version of fastai's `RandomResizedCropGPU`: the box as an affine resampling, the same graph for every box."
+    _xla_attrs = ('crop_mat', 'crop_of')   # (`crop_draws`)
     def _encode(self, x, mode):
         if not (on_torch_xla(x) and isinstance(x, (TensorImage, TensorMask))): return super()._encode(x, mode)
-        mat = crop_matrix(self.tl, self.cp_size, x.shape[-2:], x.shape[0]).to(x.device)
+        drawn = getattr(self, 'crop_of', None) == (self.tl, self.cp_size, x.shape[0], *x.shape[-2:])   # (sent with the draws)
+        mat = self.crop_mat if drawn else crop_matrix(self.tl, self.cp_size, x.shape[-2:], x.shape[0]).to(x.device)
         return affine_coord_on_xla(x, mat, sz=self.size, mode=mode)
 
-# %% ../nbs/12_augment.ipynb #5931ce19
-def host_stand_in(b):
-    "A plain CPU tensor of the dtype and shape of `b`'s first tensor with no data behind it: all fastai's draws look at."
-    return torch.empty((), dtype=tensors_in(b)[0].dtype).expand(tensors_in(b)[0].shape)
+# %% ../nbs/12_augment.ipynb #57a51b53
+def host_draws(tfm, stand_in, device, split_idx=None) -> list:
+    "fastai's random draws of the batch transform `tfm` (its `before_call`), made on the host on `stand_in`, for a batch on `device`: `(object, attribute)` of each tensor the device needs."
+    tfm.before_call(stand_in, split_idx=split_idx)
+    warps = [f for f in getattr(tfm, 'coord_fs', []) if isinstance(f, warp_coord_class())]
+    on_host = warps if on_torch_xla(device) else []        # (see above)
+    drawn = [(o, k) for o in [tfm, *getattr(tfm, 'fs', []), *getattr(tfm, 'coord_fs', [])] if o not in on_host
+             for k, v in vars(o).items() if isinstance(v, torch.Tensor)]
+    for f in on_host:
+        f.perspective, f.inverse_perspective = solved_perspective(f)
+        f.perspective_of = f.targ_pts                      # (what they were solved from: `coord_on_xla` checks it is the last draw)
+        drawn += [(f, 'perspective'), (f, 'inverse_perspective')]
+    return drawn
 
-def drawn_on_host(tfm, b, split_idx=None):
-    "Apply fastai's random batch transform `tfm` to the device batch `b`, its random draws made on the host as fastai makes them."
-    tfm.before_call(host_stand_in(b), split_idx=split_idx)
-    device = tensors_in(b)[0].device
-    warps = [] if on_torch_xla(device) else list(getattr(tfm, 'coord_fs', []))   # (see above)
-    drawn = [(o, k) for o in [tfm, *getattr(tfm, 'fs', []), *warps] for k, v in vars(o).items() if isinstance(v, torch.Tensor)]
-    moved = move_to_device([getattr(o, k) for o, k in drawn], device)     # (one transfer, types kept)
-    for (o, k), t in zip(drawn, moved): setattr(o, k, t)
+def crop_draws(tfm, stand_in, device, split_idx=None) -> list:
+    "`host_draws` of fastai's `RandomResizedCropGPU`: its box (Python numbers) as the matrix that samples it (`crop_matrix`), for the device."
+    drawn = host_draws(tfm, stand_in, device, split_idx)
+    n, h, w = stand_in.shape[0], *stand_in.shape[-2:]
+    tfm.crop_mat, tfm.crop_of = crop_matrix(tfm.tl, tfm.cp_size, (h, w), n), (tfm.tl, tfm.cp_size, n, h, w)
+    return drawn + [(tfm, 'crop_mat')]
+
+def applied(tfm, b, split_idx=None):
+    "fastai's random batch transform `tfm`, its draws made (`host_draws`), on the device batch `b`."
     return super(RandTransform, tfm).__call__(b, split_idx=split_idx) if tfm.do else b
 
-# %% ../nbs/12_augment.ipynb #ecf05017
+# %% ../nbs/12_augment.ipynb #28adc3a1
 def lighting_on_xla(x, fs):
     "fastai's `TensorImage.lighting` of its brightness and contrast functions `fs` (their `change` drawn) on the image `x`, out of place on a plain tensor."
     brightness, _ = lighting_function_classes()
@@ -208,18 +225,18 @@ def lighting_on_xla(x, fs):
         y = y + torch.logit(change.clamp(1e-7, 1 - 1e-7)) if isinstance(f, brightness) else y * change
     return retain_type(torch.sigmoid(y), x)
 
-def lighting_drawn_on_host(tfm, b, split_idx=None):
-    "`drawn_on_host` for fastai's `SpaceTfm`: on torch_xla, lighting made of brightness and contrast alone by `lighting_on_xla`."
+def lighting_applied(tfm, b, split_idx=None):
+    "`applied` for fastai's `SpaceTfm`: on torch_xla, lighting made of brightness and contrast alone by `lighting_on_xla`."
     if not (on_torch_xla(tensors_in(b)[0].device) and tfm.space_fn is TensorImage.lighting
-            and all(type(f) in lighting_function_classes() for f in tfm.fs)): return drawn_on_host(tfm, b, split_idx)
+            and all(type(f) in lighting_function_classes() for f in tfm.fs)): return applied(tfm, b, split_idx)
     fastai_fn, tfm.space_fn = tfm.space_fn, lambda x, func: lighting_on_xla(x, tfm.fs)
-    try: return drawn_on_host(tfm, b, split_idx)
+    try: return applied(tfm, b, split_idx)
     finally: tfm.space_fn = fastai_fn
 
-# %% ../nbs/12_augment.ipynb #2cf793fc
-register_device_tfm(AffineCoordTfm, drawn_on_host, AffineOnXLA)
-register_device_tfm(RandomResizedCropGPU, drawn_on_host, ResizedCropOnXLA)
-register_device_tfm(SpaceTfm, lighting_drawn_on_host)
+# %% ../nbs/12_augment.ipynb #170215bf
+register_device_tfm(AffineCoordTfm, applied, AffineOnXLA, draw=host_draws)
+register_device_tfm(RandomResizedCropGPU, applied, ResizedCropOnXLA, draw=crop_draws)
+register_device_tfm(SpaceTfm, lighting_applied, draw=host_draws)
 
 # %% ../nbs/12_augment.ipynb #23b1d757
 def cutmix_box(W:int, H:int, lam:float):

@@ -17,17 +17,18 @@ from .core import (
     device_kind, drawn_seed, map_tensors, move_to_device, swap_class, tensors_in, to_host, transform_versions, xla_device)
 
 # %% auto #0
-__all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_version', 'run_on_device', 'split_batch_tfms',
-           'n_batches', 'shard_idxs', 'background', 'timed', 'numpy_seeded', 'tabular_reader', 'index_rows',
-           'row_batches', 'random_item_tfms', 'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers',
-           'loader_over', 'item_tensors', 'can_keep_workers', 'PersistentWorkers', 'register_batch_shaper',
-           'register_replica_source', 'replica_source', 'replica_local_loaders', 'check_a_batch_each',
-           'fastai_loader_of', 'check_fastai_loader', 'check_loaders', 'XLADataLoader', 'trim_batch']
+__all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_version', 'run_on_device', 'run_all_on_device',
+           'split_batch_tfms', 'host_stand_in', 'keeps_shape', 'drawing_run', 'send_draws', 'n_batches', 'shard_idxs',
+           'background', 'timed', 'numpy_seeded', 'tabular_reader', 'index_rows', 'row_batches', 'random_item_tfms',
+           'check_cacheable', 'available_memory', 'cat_rows', 'forking_workers', 'loader_over', 'item_tensors',
+           'can_keep_workers', 'PersistentWorkers', 'register_batch_shaper', 'register_replica_source',
+           'replica_source', 'replica_local_loaders', 'check_a_batch_each', 'fastai_loader_of', 'check_fastai_loader',
+           'check_loaders', 'XLADataLoader', 'trim_batch']
 
-# %% ../nbs/02_data.ipynb #44f17ae2
-def register_device_tfm(cls, run=None, xla_mixin=None):
-    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is), as their `xla_mixin` version if given (`transform_versions`, `00_core`)."
-    transform_versions.register(cls, xla_mixin, run=run)
+# %% ../nbs/02_data.ipynb #add69b3f
+def register_device_tfm(cls, run=None, xla_mixin=None, draw=None):
+    "Let `batch_tfms_on='auto'` run batch transforms of type `cls` on the device, as `run(tfm, b, split_idx)` (default: called as is), as their `xla_mixin` version if given (`transform_versions`, `00_core`); `draw(tfm, stand_in, device, split_idx)`: a random transform's draws, made on the host first (see below)."
+    transform_versions.register(cls, xla_mixin, run=run, draw=draw)
 
 for _cls in (IntToFloatTensor, Normalize): register_device_tfm(_cls)
 
@@ -35,10 +36,24 @@ def device_version(tfm):
     "The transform `tfm` (the loader's own copy) made its XLA version, if its class registered one."
     return transform_versions.make(tfm)
 
+def _registered(tfm, what:str): return (transform_versions.entry(tfm) or {}).get(what)
+
 def run_on_device(tfm, b, split_idx=None):
     "Apply the batch transform `tfm` to the device batch `b`, through its registered runner if it has one."
-    run = (transform_versions.entry(tfm) or {}).get('run')
-    return run(tfm, b, split_idx) if run is not None else tfm(b, split_idx=split_idx)
+    return run_all_on_device([tfm], b, split_idx)[-1]
+
+def run_all_on_device(tfms:list, b, split_idx=None) -> list:
+    "The device batch `b` after each of the batch transforms `tfms`, each run by its registered runner; the draws of consecutive random transforms go to the device together (`drawing_run`)."
+    stages, i = [], 0
+    while i < len(tfms):
+        together = drawing_run(tfms, i, tensors_in(b)[0].shape)
+        if together: send_draws(together, b, split_idx)
+        for f in together or tfms[i:i+1]:
+            run = _registered(f, 'run')
+            b = run(f, b, split_idx) if run is not None else f(b, split_idx=split_idx)
+            stages.append(b)
+        i += max(len(together), 1)
+    return stages
 
 def split_batch_tfms(tfms, on='auto'):
     "Split the `after_batch` transforms `tfms` into the ones to run on the CPU and the ones to run on the device."
@@ -51,6 +66,32 @@ def split_batch_tfms(tfms, on='auto'):
         if transform_versions.entry(f) is None: break
         n_dev += 1
     return fs[:len(fs)-n_dev], fs[len(fs)-n_dev:]
+
+# %% ../nbs/02_data.ipynb #d8fd714c
+def host_stand_in(b):
+    "A plain CPU tensor of the dtype and shape of `b`'s first tensor with no data behind it: all fastai's draws look at."
+    return torch.empty((), dtype=tensors_in(b)[0].dtype).expand(tensors_in(b)[0].shape)
+
+def keeps_shape(tfm, shape) -> bool:
+    "Does the batch transform `tfm` leave a batch of `shape` its height and width? (Its `size`, where it has one, is the size it makes.)"
+    size = getattr(tfm, 'size', None)
+    return size is None or ((size, size) if isinstance(size, int) else tuple(size)) == tuple(shape[-2:])
+
+def drawing_run(tfms:list, i:int, shape) -> list:
+    "The transforms from `tfms[i]` on whose draws can be made together on a batch of `shape`: consecutive ones registered with a `draw`, all but the last keeping the shape."
+    run = []
+    for f in tfms[i:]:
+        if _registered(f, 'draw') is None: break
+        run.append(f)
+        if not keeps_shape(f, shape): break
+    return run
+
+def send_draws(tfms:list, b, split_idx=None):
+    "Make the draws of `tfms` for the device batch `b` on the host, in order, and send them all to its device in one transfer."
+    stand_in, device = host_stand_in(b), tensors_in(b)[0].device
+    drawn = [d for f in tfms for d in _registered(f, 'draw')(f, stand_in, device, split_idx)]   # (object, attribute) each
+    moved = move_to_device([getattr(o, k) for o, k in drawn], device)
+    for (o, k), t in zip(drawn, moved): setattr(o, k, t)
 
 # %% ../nbs/02_data.ipynb #c87ef9e0
 def n_batches(n_items:int, bs:int, world_size:int=1, pad:bool=True) -> int:
@@ -359,7 +400,7 @@ def check_loaders(dls, replicas:int=1):
     train = fastai_loader_of(dls.train)
     check_a_batch_each(replica_source(train, replicas).n, train.bs, replicas, train.drop_last)
 
-# %% ../nbs/02_data.ipynb #23ce60fb
+# %% ../nbs/02_data.ipynb #fc2eb64d
 class XLADataLoader(GetAttr):
     "A fastai `DataLoader` seen by one replica: its shard, static batch shapes, batches on the XLA device."
     _default = 'dl'
@@ -460,12 +501,9 @@ class XLADataLoader(GetAttr):
 
     def _apply_device_tfms(self, b):
         "Run the device transforms, keeping each stage's output alive until the next batch (see below)."
-        self._stages = []
         split_idx = getattr(self.dl.dataset, 'split_idx', None)   # (fastai's TfmdDL sets it on its pipelines each epoch)
-        for f in self.device_tfms.fs:
-            b = run_on_device(f, b, split_idx)
-            self._stages.append(b)
-        return b
+        self._stages = run_all_on_device(list(self.device_tfms.fs), b, split_idx)
+        return self._stages[-1] if self._stages else b
 
     def _to_device(self, b):
         if isinstance(b, list): b = tuple(b)

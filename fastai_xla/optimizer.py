@@ -13,15 +13,15 @@ from .core import swap_class
 from .backend import runtime_of
 
 # %% auto #0
-__all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'picked', 'replaced', 'step_numbers', 'GroupStep', 'add_each',
-           'lerp_each', 'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group', 'step_stat_group',
-           'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step', 'adam_group', 'radam_group',
-           'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin', 'GroupedOptimizer', 'can_group',
-           'torch_adam_group', 'torch_sgd_group', 'OutOfPlaceStep', 'OutOfPlaceAdam', 'OutOfPlaceAdamW',
-           'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
-           'radam_rectifies', 'step_phase']
+__all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'picked', 'replaced', 'GroupStep', 'SentNumbers', 'stand_in',
+           'step_groups', 'add_each', 'lerp_each', 'decay_group', 'l2_group', 'average_grad_group',
+           'average_sqr_grad_group', 'step_stat_group', 'sgd_group', 'momentum_group', 'rms_prop_group', 'by_step',
+           'debiased_by_step', 'adam_group', 'radam_group', 'qhadam_group', 'lamb_group', 'decay_weights',
+           'grouped_twin', 'GroupedOptimizer', 'can_group', 'torch_adam_group', 'torch_sgd_group', 'OutOfPlaceStep',
+           'OutOfPlaceAdam', 'OutOfPlaceAdamW', 'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer',
+           'fastai_optimizer', 'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #055ee1b5
+# %% ../nbs/02a_optimizer.ipynb #fb4458be
 def picked(xs:list, ix:list) -> list: return [xs[i] for i in ix]
 
 def replaced(xs:list, ix:list, new:list) -> list:
@@ -30,15 +30,10 @@ def replaced(xs:list, ix:list, new:list) -> list:
     for i, x in zip(ix, new): xs[i] = x
     return xs
 
-def step_numbers(device:torch.device):
-    "How a step's numbers reach `device`: as 0-dim tensors of their own on a lazy (XLA) device, else as Python numbers."
-    if device.type != 'xla': return float
-    return lambda x: torch.tensor([float(x)], dtype=torch.float32, device=device).view(())
-
 class GroupStep:
-    "One step of one parameter group, computed out of place: each stepper reads and rebinds the new values."
-    def __init__(self, ps:list, states:list):
-        self.ps, self.states, self.number = ps, states, step_numbers(ps[0].device)
+    "One step of one parameter group, computed out of place: each stepper reads and rebinds the new values; `number` hands it the step's numbers."
+    def __init__(self, ps:list, states:list, number=float):
+        self.ps, self.states, self.number = ps, states, number
         self.params, self.grads = list(ps), [p.grad for p in ps]   # the new values, the parameters' own until a stepper moves them
         self.all = list(range(len(ps)))
 
@@ -68,6 +63,42 @@ class GroupStep:
         if moved: torch._foreach_copy_(picked(self.ps, moved), picked(self.params, moved))
         for p, g in zip(self.ps, self.grads):
             if g is not p.grad: p.grad = g
+
+class SentNumbers:
+    "A step's numbers on a lazy device, sent in one transfer (`values`, the rehearsal's list) and handed out in order as 0-dim views of it; one the rehearsal did not foresee (none should be) is sent on its own."
+    def __init__(self, values:list, device:torch.device):
+        self.values, self.device, self.given = values, device, 0
+        host = torch.tensor(values, dtype=torch.float32)
+        self.sent = runtime_of(device).to_device([host], device)[0] if values else None
+
+    def __call__(self, x) -> torch.Tensor:
+        i, x = self.given, float(x)
+        self.given += 1
+        if i < len(self.values) and self.values[i] == x: return self.sent[i]
+        self.values = []                                   # (the order is lost: every later number on its own too)
+        return torch.tensor([x], dtype=torch.float32, device=self.device).view(())
+
+def stand_in(ps:list, states:list) -> tuple:
+    "`(params, states)`: the group as its step's numbers see it, on the host: one 0-dim tensor for each kind of parameter (its state's keys, step count, weight decay), with a copy of its state."
+    kinds = {}
+    for s in states:
+        kind = (tuple(sorted(s)), int(s.get('step', 0)), s.get('do_wd', True))
+        if kind not in kinds: kinds[kind] = {k: torch.zeros(()) if isinstance(v, torch.Tensor) and k != 'step' else v for k, v in s.items()}
+    params = [torch.zeros((), requires_grad=True) for _ in kinds]
+    for p in params: p.grad = torch.zeros(())
+    return params, list(kinds.values())
+
+def step_groups(groups:list, update):
+    "Step each `(params, states, hyper)` of `groups` with `update(GroupStep, hyper)`; on a lazy device, a rehearsal on the host first lists every number of the step, sent then in one transfer."
+    device, number = groups[0][0][0].device, float
+    if device.type == 'xla':
+        values = []
+        for ps, states, hyper in groups: update(GroupStep(*stand_in(ps, states), lambda x: values.append(float(x)) or float(x)), hyper)
+        number = SentNumbers(values, device)
+    for ps, states, hyper in groups:
+        g = GroupStep(ps, states, number)
+        update(g, hyper)
+        g.finish()
 
 # %% ../nbs/02a_optimizer.ipynb #015cd24e
 def _scaled_add(xs, ys, c):
@@ -193,7 +224,7 @@ def decay_weights(p, lr, wd, do_wd=True, **kwargs):
     "fastai's decoupled weight decay, `p*(1 - lr*wd)`, as `p - (lr*wd)*p`: no Python number that rounds to 1 on the device."
     if do_wd and wd != 0: p.data.add_(p.data, alpha=-lr*wd)
 
-# %% ../nbs/02a_optimizer.ipynb #f735b682
+# %% ../nbs/02a_optimizer.ipynb #8b098afe
 grouped_twins = {weight_decay: decay_group, decay_weights: decay_group, l2_reg: l2_group,
                  average_grad: average_grad_group, average_sqr_grad: average_sqr_grad_group, step_stat: step_stat_group,
                  sgd_step: sgd_group, momentum_step: momentum_group, rms_prop_step: rms_prop_group, adam_step: adam_group,
@@ -211,12 +242,11 @@ class GroupedOptimizer(Optimizer):
     def step(self, closure=None):
         if closure is not None: raise NotImplementedError("fastai optimizers currently do not support closure")
         twins = [grouped_twin(cb) for cb in self.cbs]
-        for pg, hyper in zip(self.param_lists, self.hypers):
-            ps = [p for p in pg if p.grad is not None]
-            if not ps: continue
-            step = GroupStep(ps, [self.state[p] for p in ps])
-            for twin, kw in twins: twin(step, **{**kw, **hyper})
-            step.finish()
+        def update(g:GroupStep, hyper:dict):
+            for twin, kw in twins: twin(g, **{**kw, **hyper})
+        groups = [([p for p in pg if p.grad is not None], hyper) for pg, hyper in zip(self.param_lists, self.hypers)]
+        groups = [(ps, [self.state[p] for p in ps], hyper) for ps, hyper in groups if ps]
+        if groups: step_groups(groups, update)
 
     def zero_grad(self):
         for pg in self.param_lists:
@@ -226,7 +256,7 @@ def can_group(opt) -> bool:
     "Is `opt` a plain fastai `Optimizer` (not a subclass of a user's) whose every stepper has a grouped twin?"
     return type(opt) in (Optimizer, GroupedOptimizer) and all(grouped_twin(cb) is not None for cb in opt.cbs)
 
-# %% ../nbs/02a_optimizer.ipynb #c009132d
+# %% ../nbs/02a_optimizer.ipynb #ee5625da
 def _torch_step_count(states):
     "Count a step in torch's way (`state['step']`, a float tensor on the host)."
     for s in states: s['step'] = s['step'] + 1 if 'step' in s else torch.tensor(1.)
@@ -270,11 +300,7 @@ class OutOfPlaceStep:
         loss = None
         if closure is not None:
             with torch.enable_grad(): loss = closure()
-        for group, ps in groups:
-            if not ps: continue
-            g = GroupStep(ps, [self.state[p] for p in ps])
-            type(self).update(g, group)
-            g.finish()
+        step_groups([(ps, [self.state[p] for p in ps], group) for group, ps in groups if ps], type(self).update)
         return loss
 
 class OutOfPlaceAdam(OutOfPlaceStep, torch.optim.Adam): update = torch_adam_group

@@ -46,7 +46,7 @@ def silence_non_masters():
     "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
     if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
 
-# %% ../nbs/04_distributed.ipynb #54a235a8
+# %% ../nbs/04_distributed.ipynb #a8acade7
 XLA_FEATURES = (metrics, checkpoint, resume, precision, diagnostics, models)   # (every learner's)
 
 def application_features() -> list:
@@ -70,12 +70,13 @@ def to_xla(self:Learner,
            grouped_steps:bool=True, # False: fastai's own per-parameter optimizer step (see `xla_optimizer`)
            run:Run|None=None, # the run this learner is a replica of (default: a run of one replica on `device`)
            backend:str|None=None, # 'torch_xla' or 'native' (default: FASTAI_XLA_BACKEND, else chosen from the machine)
+           compile=None, # the native backend: `torch.compile` the model (True: the device's compiler; a compiler's name; torch.compile's options as a dict)
            **kwargs # what `XLADataLoader` takes (`batch_tfms_on`, `prefetch`, `num_workers`, `cache_items`, `seq_buckets`...), for every loader
           ):
     "Train this learner on one XLA device, with every feature: wrap its `DataLoaders`, add the XLA callbacks (`make_xla_learner`)."
     application_features()
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)
-    return make_xla_learner(self, run, grouped_steps, **kwargs)
+    return make_xla_learner(self, run, grouped_steps, compile, **kwargs)
 
 # %% ../nbs/04_distributed.ipynb #8ea64c17
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:

@@ -11,7 +11,7 @@ BatchNorm and an LSTM equal to the CPU's; the device's own random generator; the
 refusal of `fork`, TorchTPU's launch environment set before replicas start, one process per device through
 `learn.launch` (two replicas meeting over gloo with host copies: the device has no process group of its own), the
 device's RNG state in a checkpoint's states, bf16 autocast, export and `get_preds`, the self-check; the README's vision
-recipe and a tabular learner against eager CPU. `torchrun` on it: tests/test_torchrun.py (`[native-tpu]`). Not covered (what only a chip shows): asynchrony (every op of this device
+recipe and a tabular learner against eager CPU, and compiled (`compile=True`: `aot_eager`) against uncompiled. `torchrun` on it: tests/test_torchrun.py (`[native-tpu]`). Not covered (what only a chip shows): asynchrony (every op of this device
 has finished when it returns), TorchTPU's precision of fp32 matmuls, its fusion and compiler, `tpu_dist` collectives."""
 import os, sys, json, subprocess, importlib.util
 from pathlib import Path
@@ -98,8 +98,8 @@ def test_launch_starts_a_process_per_device_after_torchtpus_launch_environment(t
     assert seen == [dict(device='tpu:0', launch_nprocs='2')] * 2, seen
     assert final(learn, 'accuracy') > 0.5 and next(learn.model.parameters()).device.type == 'cpu'   # weights came back
 
-@on_device
-def test_the_readme_recipe_and_tabular_learn_like_eager_cpu(tmp_path):
+def readme_recipe(tmp_path):
+    "The README's vision learner on the digits written to `tmp_path`, made anew each call from the same seed."
     from fastai.vision.all import ImageDataLoaders, vision_learner, resnet18, aug_transforms
     from fastai_xla.demo import digits_folder
     path = digits_folder(tmp_path/'digits')
@@ -108,6 +108,11 @@ def test_the_readme_recipe_and_tabular_learn_like_eager_cpu(tmp_path):
         dls = ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=64, num_workers=0,
                                            batch_tfms=aug_transforms(do_flip=False, max_zoom=1.0))
         return vision_learner(dls, resnet18, pretrained=False, metrics=accuracy)
+    return readme_learner
+
+@on_device
+def test_the_readme_recipe_and_tabular_learn_like_eager_cpu(tmp_path):
+    readme_learner = readme_recipe(tmp_path)
     for make in (readme_learner, tabular_digits_learner):
         cpu = make(); cpu.fit_one_cycle(3, 3e-3)
         ops = torch.tpu.ops_run()
@@ -115,6 +120,20 @@ def test_the_readme_recipe_and_tabular_learn_like_eager_cpu(tmp_path):
         assert next(tpu.model.parameters()).device.type == 'tpu' and torch.tpu.ops_run() > ops
         acc_cpu, acc_tpu = final(cpu, 'accuracy'), final(tpu, 'accuracy')
         assert acc_tpu > 0.8 and abs(acc_tpu - acc_cpu) <= 0.05, (make.__name__, acc_cpu, acc_tpu)
+
+@on_device
+def test_compiled_steps_learn_like_eager_ones_and_compile_in_the_first_epoch_alone(tmp_path):
+    """`compile=True` on the device (16_compile): `aot_eager`, the stand-in having no code generator (AOTAutograd's graphs,
+    forward and backward, run by the device's kernels): the README's recipe and a tabular learner train to the accuracy of
+    their uncompiled fit on the device, dynamo compiles in the first epoch alone, with no graph break in fastai's models."""
+    for make in (readme_recipe(tmp_path), tabular_digits_learner):
+        eager = make().to_tpu_distributed(backend='native', seed=0); eager.fit_one_cycle(2, 3e-3)
+        compiled = make().to_tpu_distributed(backend='native', seed=0, compile=True); compiled.fit_one_cycle(2, 3e-3)
+        assert compiled.xla_compile_options['backend'] == 'aot_eager'
+        fits = [r for r in compiled.xla_diagnostics.epochs if r['kind'] == 'fit']
+        assert fits[0]['compiles'] > 0 and fits[1]['compiles'] == 0 and sum(r['graph_breaks'] for r in fits) == 0, fits
+        acc_eager, acc_compiled = final(eager, 'accuracy'), final(compiled, 'accuracy')
+        assert abs(acc_compiled - acc_eager) <= 0.03, (make.__name__, acc_eager, acc_compiled)
 
 @on_device
 def test_bf16_autocast_export_and_get_preds_on_the_device(tmp_path):

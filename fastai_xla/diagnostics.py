@@ -365,11 +365,11 @@ def xla_report(self:Learner):
         print(f"torch.compile ({self.xla_compile_options}): " + ('; '.join(dynamo_report()) or 'no graph break, no recompile'))
     print(what_bounds(rows))
 
-# %% ../nbs/07_diagnostics.ipynb #2a837285
+# %% ../nbs/07_diagnostics.ipynb #98864636
 from pathlib import Path
 
 def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=False, settings=None) -> Path:
-    "Keep compiled XLA graphs in `path/ordinal_<k>` across processes (call before anything compiles; `settings`: the run's, default this thread's)."
+    "Keep compiled graphs in `path/ordinal_<k>` across processes: torch_xla's, or on the native backend torch.compile's (`16_compile`); call before anything compiles (`settings`: the run's, default this thread's)."
     backend = current_backend() if settings is None else backend_for(settings)
     settings = settings or current_settings()
     counters = backend.counters

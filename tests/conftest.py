@@ -110,7 +110,7 @@ SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer,
 # eager `tpu` test device (`FASTAI_XLA_NATIVE_DEVICE=tpu`: tests/eager_tpu.py, loaded above; eager like TorchTPU, and
 # the native backend's `tpu` branches run on it); replicas over gloo on both. The files below,
 # as they are, but these tests, which count what only torch_xla has (compiled graphs, traced XLA operations, device
-# reads), or check a refusal only torch_xla needs; the native backend has no counters (zeros), so they would pass
+# reads), or check a refusal only torch_xla needs; the native backend counts only what torch.compile compiled, so they would pass
 # whatever the code does.
 NATIVE_FILES = ['test_single_device.py', 'test_replicas.py', 'test_checkpoint.py', 'test_launch.py', 'test_applications.py',
                 'test_readme.py', 'test_preemption.py', 'test_text.py', 'test_eager_tpu.py']

@@ -43,7 +43,7 @@ def compile_model(learn, options:dict):
     learn.xla_changes.set(learn, 'xla_compile_options', options)
     return learn
 
-# %% ../nbs/16_compile.ipynb #6667aba9
+# %% ../nbs/16_compile.ipynb #6e3e365a
 def _dynamo_counters():
     return sys.modules['torch._dynamo.utils'].counters if 'torch._dynamo.utils' in sys.modules else None
 
@@ -53,9 +53,7 @@ class DynamoCounters(Counters):
         c = _dynamo_counters()
         graphs, breaks = (c['stats']['unique_graphs'], sum(c['graph_break'].values())) if c is not None else (0, 0)
         return dict(super().counters(), compiles=graphs, graph_breaks=breaks)
-    def compile_cache_started(self) -> bool:
-        c = _dynamo_counters()
-        return c is not None and c['stats']['unique_graphs'] > 0
+    def compile_cache_started(self) -> bool: return self.compiles() > 0
     def enable_compile_cache(self, path, readonly:bool=False):
         "Keep what torch.compile compiles in `path`: inductor's FX graph and AOTAutograd caches (`path/inductor`), TorchTPU's compiled executables (`path/torch_tpu`)."
         if readonly: raise ValueError("The native backend's compile caches (inductor's, TorchTPU's) write as they read: leave `readonly` out.")

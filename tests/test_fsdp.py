@@ -1,7 +1,8 @@
 """Sharded models on the native backend (`to_tpu_distributed(fsdp=True)`, nbs/17_fsdp): PyTorch's FSDP2 under
 `torchrun --standalone`, the native backend on the CPU, its collectives over gloo.
 
-Covered: a tabular learner (fastai's Adam through the grouped step on each replica's shards, one-cycle) and a small
+Covered: a tabular learner (fastai's Adam through the grouped step on each replica's shards, one-cycle), a small CNN's
+`fine_tune` in two parameter groups (`freeze`, `unfreeze`, discriminative rates, `GradientClip` on sharded gradients), a small
 transformer (torch's `TransformerEncoder` over the digits' pixel rows as tokens; its blocks the shard units) trained
 sharded and replicated from the same seed in the same processes, with 2 replicas and (tabular) 4: the losses of every
 step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas loaded
@@ -13,6 +14,7 @@ read by the same code as `learn.save`/`load`, tested here, but the kill itself i
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
+from test_torchrun import torchrun as elastic_run
 
 TESTS = Path(__file__).parent
 
@@ -32,27 +34,36 @@ def digit_rows_learner(seed=0):
                           nn.Flatten(), nn.Linear(8*32, 10))
     return Learner(dls, model, loss_func=CrossEntropyLossFlat(), metrics=accuracy)
 
+def digits_fine_tune_learner(seed=0):
+    "A small CNN in two parameter groups (body, head) with `GradientClip`: for `fine_tune` (frozen body, then discriminative rates)."
+    set_seed(seed, reproducible=True)
+    body = nn.Sequential(ConvLayer(1, 16, stride=2), ConvLayer(16, 32, stride=2), nn.AdaptiveAvgPool2d(1), Flatten())
+    return Learner(digits_dls(bs=64, seed=42), nn.Sequential(body, nn.Linear(32, 10)), loss_func=CrossEntropyLossFlat(),
+                   metrics=accuracy, splitter=lambda m: [params(m[0]), params(m[1])], cbs=GradientClip(0.5))
+
 class Losses(Callback):
+    "The training losses of every step, over every fit (`fine_tune` fits twice)."
     order = 100
-    def before_fit(self): self.losses = []
+    def __init__(self): self.losses = []
     def after_batch(self):
         if self.training: self.losses.append(float(self.loss.detach()))
 
-def trained(make, fsdp):
+def trained(make, fsdp, fine_tune=False):
     epochs = 2 * replica_count() // 2              # (20 steps or more: 11 a replica an epoch at 2 replicas, 5 at 4)
     learn = make().to_tpu_distributed(seed=0, fsdp=fsdp)
     rec = Losses()
-    learn.fit_one_cycle(epochs, 1e-2, cbs=rec)
+    if fine_tune: learn.fine_tune(1, 1e-2, cbs=rec)  # (one epoch frozen, one unfrozen with discriminative rates)
+    else: learn.fit_one_cycle(epochs, 1e-2, cbs=rec)
     whole = sum(p.numel() * p.element_size() for p in learn.model.parameters())
     return learn, dict(losses=rec.losses, bytes=replica_bytes(learn), whole=whole, sharded=holds_shards(learn.model),
                        metric=float(learn.recorder.values[-1][-1]))
 
 report = {{}}
 if PHASE == 'train':
-    for name, make in ([('tabular', tabular_digits_learner), ('transformer', digit_rows_learner)]
-                       if replica_count() == 2 else [('tabular', tabular_digits_learner)]):
+    for name, make in ([('tabular', tabular_digits_learner), ('vision fine_tune', digits_fine_tune_learner),
+                        ('transformer', digit_rows_learner)] if replica_count() == 2 else [('tabular', tabular_digits_learner)]):
         for fsdp in (None, True):
-            learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp)
+            learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
     learn.save('sharded')                                   # (the transformer, sharded: every replica gathers, the master writes)
     report['validated'] = [float(v) for v in learn.validate()]
 else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain fastai learner on the CPU
@@ -65,12 +76,14 @@ else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain f
 Path(f'report-{{replica_ordinal()}}.json').write_text(json.dumps(report))
 '''
 
+NATIVE_CPU = {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'cpu', 'PJRT_DEVICE': 'CPU'}
+
 def torchrun(folder, nproc, phase):
     folder.mkdir(exist_ok=True)
     (folder/'train.py').write_text(SCRIPT.format(tests=str(TESTS), phase=phase))
     r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc-per-node={nproc}', 'train.py'],
                        cwd=folder, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, 'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'cpu', 'PJRT_DEVICE': 'CPU'})
+                       env={**os.environ, **NATIVE_CPU})
     assert r.returncode == 0, r.stderr[-5000:]
     return {int(p.stem.split('-')[1]): json.loads(p.read_text()) for p in folder.glob('report-*.json')}
 
@@ -88,12 +101,13 @@ def check_sharded_like_replicated(report, name, replicas):
           f"{sh['bytes']['opt_state'] / rep['bytes']['opt_state']:.3f} of replicated; losses within {worst:.1e}")
 
 def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path):
-    """2 replicas: the tabular learner and the transformer, sharded and replicated, the same losses step by step (relative
+    """2 replicas: the tabular learner, a CNN's `fine_tune` (frozen body, then discriminative rates; `GradientClip`) and the
+    transformer, sharded and replicated, the same losses step by step (relative
     1e-3), each sharded replica holding at most 1/2 + 0.1 of the parameters and of Adam's state; the transformer's sharded
     save, loaded by 1 sharded replica and by a plain fastai learner, validates to the 2 replicas' loss and accuracy."""
     reports = torchrun(tmp_path, 2, 'train')
     assert sorted(reports) == [0, 1]
-    for name in ('tabular', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
+    for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
     assert reports[0]['validated'] == reports[1]['validated']
     loaded = torchrun(tmp_path, 1, 'load')[0]
     for got in (loaded['validated'], loaded['plain']):
@@ -104,3 +118,16 @@ def test_four_replicas_hold_a_quarter(tmp_path):
     reports = torchrun(tmp_path, 4, 'train')
     assert sorted(reports) == [0, 1, 2, 3]
     check_sharded_like_replicated(reports[0], 'tabular', 4)
+
+def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path):
+    """tests/test_torchrun.py's script sharded: `torchrun --max-restarts=1` with `ResumeCallback`, replica 1 SIGKILLed in epoch
+    1; the new attempt loads the sharded run's resume checkpoint of epoch 0 (every replica its shards of it) and ends with
+    the weights of a sharded run never stopped."""
+    env = {**NATIVE_CPU, 'TEST_FSDP': '1'}
+    (tmp_path/'killed').mkdir(); (tmp_path/'whole').mkdir()
+    r, killed, _ = elastic_run(tmp_path/'killed', '--standalone', '--nproc-per-node=2', '--max-restarts=1', kill=True, resume=True, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert sorted(killed) == [0, 1] and all(x['attempt'] == 1 and x['epochs'] == 3 for x in killed.values()), killed
+    r2, whole, _ = elastic_run(tmp_path/'whole', '--standalone', '--nproc-per-node=2', resume=True, env=env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    for a, b in zip(killed[0]['params'], whole[0]['params']): assert max(abs(u - v) for u, v in zip(a, b)) < 1e-6

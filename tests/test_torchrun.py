@@ -20,6 +20,7 @@ import os, sys, json, time, signal
 sys.path.insert(0, {tests!r})
 from helpers import *
 from test_replicas import indexed_learner, RecordItems
+from fastai_xla.fsdp import whole
 KILL, RESUME = {kill!r}, {resume!r}
 
 class KillMe(Callback):
@@ -30,7 +31,7 @@ class KillMe(Callback):
             Path('killed').write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
 
-learn = indexed_learner(bs=32, path=Path.cwd()).to_tpu_distributed(seed=0)
+learn = indexed_learner(bs=32, path=Path.cwd()).to_tpu_distributed(seed=0, fsdp=os.environ.get('TEST_FSDP') == '1' or None)   # (sharded: tests/test_fsdp.py)
 rec = RecordItems()
 extra = dict(start_epoch=learn.load_resume('run', missing_ok=True), cbs=[rec, KillMe(), ResumeCallback('run')]) if RESUME else dict(cbs=[rec, KillMe()])
 learn.fit(3, 1e-2, **extra)
@@ -38,7 +39,7 @@ run = learn.xla_run
 Path(f'replica-{{run.ordinal}}.json').write_text(json.dumps(dict(
     rank=run.ordinal, world=run.count, attempt=run.settings.restart_count, run_id=run.run_id, seen=rec.seen,
     epochs=len(learn.recorder.values), backend=run.backend.name, device=str(run.device),
-    params=[to_host(p).flatten().tolist() for p in learn.model.parameters()])))
+    params=[to_host(whole(p)).flatten().tolist() for p in learn.model.parameters()])))
 '''
 
 def torchrun(tmp_path, *flags, kill=False, resume=False, env=None, timeout=600):

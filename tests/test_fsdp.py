@@ -6,7 +6,8 @@ Covered: a tabular learner (fastai's Adam through the grouped step on each repli
 transformer (torch's `TransformerEncoder` over the digits' pixel rows as tokens; its blocks the shard units) trained
 sharded and replicated from the same seed in the same processes, with 2 replicas and (tabular) 4: the losses of every
 step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas loaded
-by 1 sharded replica and by a plain fastai learner on the CPU, both validating to the 2 replicas' metric.
+by 1 sharded replica and by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; the sharded
+learner's `export`, opened by `load_learner`: the plain model with the saved weights.
 Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls);
 the stand-in devices (torch_xla's `xla` and the eager `tpu` test device have no process group of their own kind, and
 `fsdp=` refuses them by name); a killed sharded run resumed under `--max-restarts` (the resume checkpoint is written and
@@ -65,6 +66,7 @@ if PHASE == 'train':
         for fsdp in (None, True):
             learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
     learn.save('sharded')                                   # (the transformer, sharded: every replica gathers, the master writes)
+    learn.export('sharded.pkl')                             # (a plain fastai learner, its model the one before sharding)
     report['validated'] = [float(v) for v in learn.validate()]
 else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain fastai learner on the CPU
     learn = digit_rows_learner().to_tpu_distributed(fsdp=True)
@@ -73,6 +75,9 @@ else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain f
     plain = digit_rows_learner()
     plain.load('sharded')
     report['plain'] = [float(v) for v in plain.validate()]
+    exported = load_learner('sharded.pkl')
+    report['exported'] = dict(cls=type(exported.model).__name__, same=all(torch.equal(a, b) for a, b in zip(
+        exported.model.state_dict().values(), plain.model.state_dict().values())))
 Path(f'report-{{replica_ordinal()}}.json').write_text(json.dumps(report))
 '''
 
@@ -112,6 +117,7 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     loaded = torchrun(tmp_path, 1, 'load')[0]
     for got in (loaded['validated'], loaded['plain']):
         assert got == pytest.approx(reports[0]['validated'], rel=1e-4)
+    assert loaded['exported'] == dict(cls='Sequential', same=True)   # (`export`: the plain model, the saved weights)
 
 def test_four_replicas_hold_a_quarter(tmp_path):
     "4 replicas: the tabular learner sharded trains as replicated, each replica holding at most 1/4 + 0.1 of the parameters and state."

@@ -5,8 +5,9 @@ Covered: a tabular learner (fastai's Adam through the grouped step on each repli
 `fine_tune` in two parameter groups (`freeze`, `unfreeze`, discriminative rates, `GradientClip` on sharded gradients), a small
 transformer (torch's `TransformerEncoder` over the digits' pixel rows as tokens; its blocks the shard units) trained
 sharded and replicated from the same seed in the same processes, with 2 replicas and (tabular) 4: the losses of every
-step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas loaded
-by 1 sharded replica and by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; the sharded
+step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas (a
+torch.distributed.checkpoint folder, each replica its file) loaded by 1 sharded replica (DCP reshards), and its whole
+save (`sharded=False`) by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; the sharded
 learner's `export`, opened by `load_learner`: the plain model with the saved weights.
 Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls);
 the stand-in devices (torch_xla's `xla` and the eager `tpu` test device have no process group of their own kind, and
@@ -77,7 +78,9 @@ if PHASE == 'train':
                         ('transformer', digit_rows_learner)] if replica_count() == 2 else [('tabular', tabular_digits_learner)]):
         for fsdp in (None, True):
             learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
-    learn.save('sharded')                                   # (the transformer, sharded: every replica gathers, the master writes)
+    learn.save('sharded'); learn.save('sharded')            # (the transformer: a folder of shards, named by sharded.pth; the first one removed)
+    report['folders'] = sorted(f.name.split('.')[0] + ' ' + str(len(list(f.glob('__*.distcp')))) for f in Path('models').glob('*.dcp'))
+    learn.save('whole', sharded=False)                      # (every replica gathers, the master writes the whole file)
     learn.export('sharded.pkl')                             # (a plain fastai learner, its model the one before sharding)
     report['validated'] = [float(v) for v in learn.validate()]
 else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain fastai learner on the CPU
@@ -85,7 +88,9 @@ else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain f
     learn.load('sharded')
     report['validated'] = [float(v) for v in learn.validate()]
     plain = digit_rows_learner()
-    plain.load('sharded')
+    try: plain.load('sharded'); report['refused'] = None
+    except RuntimeError as e: report['refused'] = str(e)
+    plain.load('whole')
     report['plain'] = [float(v) for v in plain.validate()]
     exported = load_learner('sharded.pkl')
     report['exported'] = dict(cls=type(exported.model).__name__, same=all(torch.equal(a, b) for a, b in zip(
@@ -126,6 +131,7 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     assert sorted(reports) == [0, 1]
     for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
     assert reports[0]['validated'] == reports[1]['validated']
+    assert reports[0]['folders'] == ['sharded 2']             # (one folder, a file of shards per replica)
     rep, sh = reports[0]['bf16 replicated'], reports[0]['bf16 sharded']   # (bfloat16 gathered, float32 kept: another rounding)
     assert rep['dtypes'] == ['torch.float32'] and sh['dtypes'] == ['torch.bfloat16']
     print(f"bf16, 2 replicas: valid loss {rep['loss']:.4f} replicated (autocast), {sh['loss']:.4f} sharded (bf16 gathered); "
@@ -134,7 +140,8 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     loaded = torchrun(tmp_path, 1, 'load')[0]
     for got in (loaded['validated'], loaded['plain']):
         assert got == pytest.approx(reports[0]['validated'], rel=1e-4)
-    assert loaded['exported'] == dict(cls='Sequential', same=True)   # (`export`: the plain model, the saved weights)
+    assert loaded['exported'] == dict(cls='Sequential', same=True)
+    assert 'fastai_xla_sharded' in loaded['refused']         # (fastai's own load, of the file that names a folder of shards: its keys named)   # (`export`: the plain model, the saved weights)
 
 def test_four_replicas_hold_a_quarter(tmp_path):
     "4 replicas: the tabular learner sharded trains as replicated, each replica holding at most 1/4 + 0.1 of the parameters and state."

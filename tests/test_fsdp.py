@@ -8,7 +8,9 @@ sharded and replicated from the same seed in the same processes, with 2 replicas
 step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas (a
 torch.distributed.checkpoint folder, each replica its file) loaded by 1 sharded replica (DCP reshards), and its whole
 save (`sharded=False`) by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; the sharded
-learner's `export`, opened by `load_learner`: the plain model with the saved weights.
+learner's `export`, opened by `load_learner`: the plain model with the saved weights; bfloat16 (FSDP2's mixed precision)
+against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
+`learn.launch` of sharded replicas bringing the whole weights back.
 Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls);
 the stand-in devices (torch_xla's `xla` and the eager `tpu` test device have no process group of their own kind, and
 `fsdp=` refuses them by name); a killed sharded run resumed under `--max-restarts` (the resume checkpoint is written and
@@ -161,3 +163,28 @@ def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_
     r2, whole, _ = elastic_run(tmp_path/'whole', '--standalone', '--nproc-per-node=2', resume=True, env=env)
     assert r2.returncode == 0, r2.stderr[-3000:]
     for a, b in zip(killed[0]['params'], whole[0]['params']): assert max(abs(u - v) for u, v in zip(a, b)) < 1e-6
+
+LAUNCH = '''
+import json, sys
+sys.path.insert(0, {tests!r})
+from helpers import *
+from fastai_xla.fsdp import holds_shards
+def train(learn):
+    learn.fit(1, 1e-2)
+    return dict(sharded=holds_shards(learn.model), validated=[float(v) for v in learn.validate()])
+learn = tabular_digits_learner(seed=0)
+out = learn.launch(train, nprocs=2, dl_kwargs=dict(fsdp=True))
+print(json.dumps(dict(out, back=[float(v) for v in learn.validate()], cls=type(learn.model).__name__)))
+'''
+
+def test_a_launch_trains_sharded_and_brings_back_the_whole_weights(tmp_path):
+    """`learn.launch(train, nprocs=2, dl_kwargs=dict(fsdp=True))`, as from a notebook: the replicas train sharded; the
+    launching process's learner (fastai's, on the CPU) gets the whole weights (gathered by every replica, written by the
+    master) and validates as the replicas did."""
+    (tmp_path/'launch.py').write_text(LAUNCH.format(tests=str(TESTS)))
+    r = subprocess.run([sys.executable, 'launch.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **NATIVE_CPU})
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out['sharded'] and out['cls'] == 'TabularModel'
+    assert out['back'] == pytest.approx(out['validated'], rel=1e-5)

@@ -22,7 +22,7 @@ __all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'local_shard
            'OutOfPlaceStep', 'OutOfPlaceAdam', 'OutOfPlaceAdamW', 'OutOfPlaceSGD', 'out_of_place_twin',
            'prefer_foreach', 'xla_optimizer', 'fastai_optimizer', 'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #591f0f90
+# %% ../nbs/02a_optimizer.ipynb #a0048f89
 def local_shard(t):
     "This replica's own part of `t`: the local shard of a sharded tensor (FSDP2's parameters and gradients are `DTensor`s), any other tensor (or None) as it is."
     return t.to_local() if isinstance(t, DTensor) else t
@@ -44,8 +44,10 @@ class GroupStep:
     "One step of one parameter group, computed out of place: each stepper reads and rebinds the new values; `number` hands it the step's numbers."
     def __init__(self, ps:list, states:list, number=float):
         self.owners, self.states, self.number = ps, states, number
-        self.ps = [local_shard(p) for p in ps]               # (a sharded parameter's own shard: see above)
-        self.params, self.grads = list(self.ps), [local_shard(p.grad) for p in ps]   # the new values, the parameters' own until a stepper moves them
+        self.sharded = any(isinstance(p, DTensor) for p in ps)   # (each replica steps its own shards: see above)
+        self.ps = [local_shard(p) for p in ps] if self.sharded else list(ps)
+        self.params = list(self.ps)                          # the new values, the parameters' own until a stepper moves them
+        self.grads = [local_shard(p.grad) for p in ps] if self.sharded else [p.grad for p in ps]
         self.given = list(self.grads)
         self.all = list(range(len(ps)))
 
@@ -54,7 +56,7 @@ class GroupStep:
         ix = self.all if ix is None else ix
         new = [i for i in ix if self.states[i].get(key) is None]
         if new: self._start(key, new)
-        return [local_shard(self.states[i][key]) for i in ix]
+        return [local_shard(self.states[i][key]) for i in ix] if self.sharded else [self.states[i][key] for i in ix]
 
     def _start(self, key:str, ix:list):
         "Zeros as the state `key` of the parameters at `ix`: data, not constants of this step's graph (see above)."
@@ -63,7 +65,7 @@ class GroupStep:
         self.set_state(key, runtime.zeros_like(grads) if runtime is not None else [torch.zeros_like(g) for g in grads], ix)
 
     def set_state(self, key:str, values:list, ix=None):
-        for i, v in zip(self.all if ix is None else ix, values): self.states[i][key] = like_param(v, self.owners[i])
+        for i, v in zip(self.all if ix is None else ix, values): self.states[i][key] = like_param(v, self.owners[i]) if self.sharded else v
 
     def move(self, ix:list, new:list): self.params = replaced(self.params, ix, new)
 

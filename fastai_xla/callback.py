@@ -35,8 +35,8 @@ from .optimizer import fastai_optimizer, xla_optimizer
 from .metrics import DeviceMetricsCallback, ReplicaPredsCallback, is_sharded
 
 # %% auto #0
-__all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_callbacks', 'move_model', 'rebind_optimizer',
-           'handles', 'lean_dispatch', 'finding_lr', 'TPUCallback', 'AverageGradients',
+__all__ = ['learner_checks', 'learner_setups', 'learner_mixins_', 'master_only_callbacks', 'move_model', 'state_of',
+           'rebind_optimizer', 'handles', 'lean_dispatch', 'finding_lr', 'TPUCallback', 'AverageGradients',
            'GradientAccumulationOverReplicas', 'RestoreAfterLRFind', 'PaddingCallback', 'StepStart',
            'leave_failed_step', 'StepBoundaryCallback', 'CastToPlainTensor', 'FlatLossOnXLA', 'for_master_only',
            'on_xla_learner', 'check_learner', 'learner_mixins', 'Change', 'ClassChanged', 'AttrSet', 'CallbackAdded',
@@ -68,7 +68,7 @@ def move_model(model, device) -> dict:
         else: moved[id(old)] = m._parameters[name]
     return moved
 
-# %% ../nbs/03_callback.ipynb #4cabb860
+# %% ../nbs/03_callback.ipynb #94101660
 def _opt_param_lists(opt):
     return [list(pg) for pg in opt.param_lists]
 
@@ -92,6 +92,11 @@ def _param_groups(params):
     params = L(params)
     return [list(g) for g in params] if len(params) and isinstance(params[0], (L, list)) else [list(params)]
 
+def state_of(opt) -> dict:
+    "`{parameter: its state}` of `opt`: a fastai optimizer, `OptimWrapper` (torch's), `Lookahead` around either."
+    if isinstance(opt, Lookahead): opt = opt.opt
+    return opt.opt.state if isinstance(opt, OptimWrapper) else opt.state
+
 def rebind_optimizer(opt, model, moved:dict, splitter=None):
     "Point `opt` at `model`'s parameters (found through `moved`, else by position in `splitter(model)`) and move its state to them."
     params = {id(p) for p in model.parameters()}
@@ -105,7 +110,7 @@ def rebind_optimizer(opt, model, moved:dict, splitter=None):
             raise RuntimeError("The optimizer's parameters do not match the model's: was `learn.model` replaced "
                                "by a different architecture? Call `learn.create_opt()` to build a new optimizer.")
         new_lists = groups
-    old_state = opt.opt.state if isinstance(opt, OptimWrapper) else opt.state
+    old_state = state_of(opt)
     by_id = {id(p): s for p, s in old_state.items()}
     state = {}
     for ps, nps in zip(lists, new_lists):

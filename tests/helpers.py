@@ -110,6 +110,16 @@ def network_address() -> str|None:
     out = subprocess.run(['hostname', '-I'], capture_output=True, text=True).stdout.split()
     return next((a for a in out if ':' not in a and not a.startswith('127.')), None)
 
+def network_interface() -> str|None:
+    "The name of the network interface that holds `network_address()` (Linux), or None."
+    import fcntl, struct
+    addr = network_address()
+    def address_of(name):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try: return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', name[:15].encode()))[20:24])   # SIOCGIFADDR
+            except OSError: return None
+    return next((name for _, name in socket.if_nameindex() if addr is not None and address_of(name) == addr), None)
+
 def refused_from(addr:str, port:int) -> bool:
     "Is a TCP connection from this machine to `addr:port` refused (nothing listens there for that address)?"
     try:

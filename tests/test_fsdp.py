@@ -19,6 +19,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 from test_torchrun import torchrun as elastic_run
+from helpers import network_interface
 
 TESTS = Path(__file__).parent
 
@@ -97,17 +98,18 @@ else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain f
     exported = load_learner('sharded.pkl')
     report['exported'] = dict(cls=type(exported.model).__name__, same=all(torch.equal(a, b) for a, b in zip(
         exported.model.state_dict().values(), plain.model.state_dict().values())))
+report['listening'] = listening_addresses()   # (the run's gloo group and FSDP2's default group alive)
 Path(f'report-{{replica_ordinal()}}.json').write_text(json.dumps(report))
 '''
 
 NATIVE_CPU = {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'cpu', 'PJRT_DEVICE': 'CPU'}
 
-def torchrun(folder, nproc, phase):
+def torchrun(folder, nproc, phase, **env):
     folder.mkdir(exist_ok=True)
     (folder/'train.py').write_text(SCRIPT.format(tests=str(TESTS), phase=phase))
     r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc-per-node={nproc}', 'train.py'],
                        cwd=folder, capture_output=True, text=True, timeout=900,
-                       env={**os.environ, **NATIVE_CPU})
+                       env={**os.environ, **NATIVE_CPU, **env})
     assert r.returncode == 0, r.stderr[-5000:]
     return {int(p.stem.split('-')[1]): json.loads(p.read_text()) for p in folder.glob('report-*.json')}
 
@@ -145,11 +147,18 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     assert loaded['exported'] == dict(cls='Sequential', same=True)
     assert 'fastai_xla_sharded' in loaded['refused']         # (fastai's own load, of the file that names a folder of shards: its keys named)   # (`export`: the plain model, the saved weights)
 
-def test_four_replicas_hold_a_quarter(tmp_path):
-    "4 replicas: the tabular learner sharded trains as replicated, each replica holding at most 1/4 + 0.1 of the parameters and state."
-    reports = torchrun(tmp_path, 4, 'train')
+def test_four_replicas_hold_a_quarter_and_listen_on_loopback_alone(tmp_path):
+    """4 replicas: the tabular learner sharded trains as replicated, each replica holding at most 1/4 + 0.1 of the parameters
+    and state; every port a replica listens on (its run's gloo group, and the default group FSDP2's mesh is made over, which
+    `init_process_group` builds from the environment alone) is on loopback, though `GLOO_SOCKET_IFNAME` names the network's
+    interface (as a platform may set it; gloo's own choice, the machine's name, is loopback on this machine, so the variable
+    is what would show a group on the network here)."""
+    iface = network_interface()
+    reports = torchrun(tmp_path, 4, 'train', **({'GLOO_SOCKET_IFNAME': iface} if iface else {}))
     assert sorted(reports) == [0, 1, 2, 3]
     check_sharded_like_replicated(reports[0], 'tabular', 4)
+    for r in reports.values():
+        assert len(r['listening']) >= 2 and all(ip in ('127.0.0.1', '::1') for ip, _ in r['listening']), r['listening']
 
 def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path):
     """tests/test_torchrun.py's script sharded: `torchrun --max-restarts=1` with `ResumeCallback`, replica 1 SIGKILLed in epoch

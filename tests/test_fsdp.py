@@ -7,7 +7,8 @@ transformer (torch's `TransformerEncoder` over the digits' pixel rows as tokens;
 sharded and replicated from the same seed in the same processes, with 2 replicas and (tabular) 4: the losses of every
 step, the bytes each replica holds of the parameters and of the optimizer's state; a sharded save at 2 replicas (a
 torch.distributed.checkpoint folder, each replica its file) loaded by 1 sharded replica (DCP reshards), and its whole
-save (`sharded=False`) by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; the sharded
+save (`sharded=False`) by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; saves in the
+background (`BackgroundSaves`, `dcp.async_save`) holding the weights of the epoch that saved them, named once written; the sharded
 learner's `export`, opened by `load_learner`: the plain model with the saved weights; bfloat16 (FSDP2's mixed precision)
 against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
 `learn.launch` of sharded replicas bringing the whole weights back.
@@ -27,7 +28,8 @@ SCRIPT = '''
 import os, sys, json
 sys.path.insert(0, {tests!r})
 from helpers import *
-from fastai_xla.fsdp import replica_bytes, holds_shards
+from fastai_xla.fsdp import replica_bytes, holds_shards, whole
+from fastai_xla.checkpoint import BackgroundSaves
 PHASE = {phase!r}
 
 def digit_rows_learner(seed=0):
@@ -52,6 +54,14 @@ class Losses(Callback):
     def __init__(self): self.losses = []
     def after_batch(self):
         if self.training: self.losses.append(float(self.loss.detach()))
+
+def whole_weights(learn): return torch.cat([whole(p).detach().cpu().flatten() for p in learn.model.parameters()])
+
+class Seen(Callback):
+    "The whole weights at the end of each epoch (after `SaveModelCallback` saved them)."
+    order = 61
+    def before_fit(self): self.weights = []
+    def after_epoch(self): self.weights.append(whole_weights(self.learn))
 
 class ParamDtype(Callback):
     "The dtype of the first unit's parameters inside its forward (a sharded model's: as gathered), in training."
@@ -81,6 +91,13 @@ if PHASE == 'train':
                         ('transformer', digit_rows_learner)] if replica_count() == 2 else [('tabular', tabular_digits_learner)]):
         for fsdp in (None, True):
             learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
+    # saves in the background: each epoch's checkpoint holds that epoch's weights, though training went on while it was written
+    bg, seen = tabular_digits_learner(seed=0).to_tpu_distributed(seed=0, fsdp=True), Seen()
+    bg.fit(2, 1e-2, cbs=[BackgroundSaves(), SaveModelCallback(every_epoch=True, fname='bg'), seen])
+    report['background'] = [float((whole_weights(bg.load(f'bg_{{e}}')) - w).abs().max()) for e, w in enumerate(seen.weights)]
+    bg.add_cb(BackgroundSaves()); bg.save('later')        # (outside a fit: named at the next save or load)
+    report['named before finished'] = Path('models/later.pth').exists()
+    report['later'] = float((whole_weights(bg.load('later')) - seen.weights[-1]).abs().max())
     learn.save('sharded'); learn.save('sharded')            # (the transformer: a folder of shards, named by sharded.pth; the first one removed)
     report['folders'] = sorted(f.name.split('.')[0] + ' ' + str(len(list(f.glob('__*.distcp')))) for f in Path('models').glob('*.dcp'))
     learn.save('whole', sharded=False)                      # (every replica gathers, the master writes the whole file)
@@ -135,7 +152,9 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     assert sorted(reports) == [0, 1]
     for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
     assert reports[0]['validated'] == reports[1]['validated']
-    assert reports[0]['folders'] == ['sharded 2']             # (one folder, a file of shards per replica)
+    assert reports[0]['folders'] == ['bg_0 2', 'bg_1 2', 'later 2', 'sharded 2']   # (one folder a checkpoint, a file of shards per replica)
+    for r in reports.values():   # (saved in the background: each checkpoint the weights of its epoch, named once written)
+        assert r['background'] == [0., 0.] and r['later'] == 0. and not r['named before finished'], r
     rep, sh = reports[0]['bf16 replicated'], reports[0]['bf16 sharded']   # (bfloat16 gathered, float32 kept: another rounding)
     assert rep['dtypes'] == ['torch.float32'] and sh['dtypes'] == ['torch.bfloat16']
     print(f"bf16, 2 replicas: valid loss {rep['loss']:.4f} replicated (autocast), {sh['loss']:.4f} sharded (bf16 gathered); "

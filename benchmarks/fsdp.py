@@ -19,6 +19,7 @@ from fastai.vision.all import IntToFloatTensor
 from fastai_xla.all import *
 from fastai_xla.demo import digits_dls
 from fastai_xla.fsdp import replica_bytes
+from fastai_xla.checkpoint import BackgroundSaves, finish_saves
 
 def learner(layers, width):
     set_seed(0, reproducible=True)
@@ -46,6 +47,18 @@ for fsdp in (None, True):
     with learn.no_bar(): learn.fit_one_cycle(2, 1e-3, cbs=m)
     out['sharded' if fsdp else 'replicated'] = dict(m.held, step_ms=1000 * statistics.median(m.steps),
                                                     loss=float(learn.recorder.values[-1][1]))
+# a sharded save: how long training waits, written at once and in the background (then how long the naming waited)
+timed = lambda f: (time.perf_counter(), f(), time.perf_counter())
+saves = dict(whole=[], staged=[], named=[])
+bg = BackgroundSaves()
+learn.add_cb(bg); learn.save('first'); finish_saves(learn); learn.remove_cb(bg)   # (the writers' group made once, first)
+for i in range(3):
+    t0, _, t1 = timed(lambda: learn.save(f'now{{i}}')); saves['whole'].append(t1 - t0)
+    learn.add_cb(bg)
+    t0, _, t1 = timed(lambda: learn.save(f'bg{{i}}')); saves['staged'].append(t1 - t0)
+    t0, _, t1 = timed(lambda: finish_saves(learn)); saves['named'].append(t1 - t0)
+    learn.remove_cb(bg)
+out['saves'] = {{k: 1000 * statistics.median(v) for k, v in saves.items()}}
 if replica_ordinal() == 0: Path('bench.json').write_text(json.dumps(out))
 '''
 
@@ -68,9 +81,17 @@ if __name__ == '__main__':
     print(f'transformer, {a.layers} blocks of width {a.width}; per replica: MiB replicated -> sharded (sharded/replicated)')
     print('| replicas | parameters | gradients | optimizer state | step ms | valid loss |')
     print('|---|---|---|---|---|---|')
+    saves = {}
     for n in a.replicas:
-        res = run(n, a.layers, a.width)
+        res = saves[n] = run(n, a.layers, a.width)
         rep, sh = res['replicated'], res['sharded']
         cells = [f"{mb(rep[k])} -> {mb(sh[k])} ({sh[k] / rep[k]:.2f})" for k in ('params', 'grads', 'opt_state')]
         print(f"| {n} | " + ' | '.join(cells) + f" | {rep['step_ms']:.1f} -> {sh['step_ms']:.1f} ({sh['step_ms'] / rep['step_ms']:.2f})"
               f" | {rep['loss']:.4f}, {sh['loss']:.4f} |", flush=True)
+    print('\nA sharded save, median of 3 (ms training waits): written at once; in the background (`BackgroundSaves`): the host copy,')
+    print('then the wait at the next save or load if the writes had not ended (here at once: the worst case)')
+    print('| replicas | at once | background: copy | background: naming wait |')
+    print('|---|---|---|---|')
+    for n, res in saves.items():
+        s = res['saves']
+        print(f"| {n} | {s['whole']:.1f} | {s['staged']:.1f} ({s['staged'] / s['whole']:.2f}) | {s['named']:.1f} |")

@@ -118,7 +118,7 @@ class NativeRuntime(Runtime):
 _NO_SPMD = ("The native backend (TorchTPU) has no SPMD partitioner of one process over every chip (TorchTPU shards "
             "with DTensor): train one process per chip with `to_tpu_distributed()` under `spawn`, or `learn.launch`.")
 
-# %% ../nbs/00e_backend_native.ipynb #d4bb0a3f
+# %% ../nbs/00e_backend_native.ipynb #526c67a6
 @register_backend
 class Native(Backend):
     "PyTorch's own device (TorchTPU's `tpu`, `FASTAI_XLA_NATIVE_DEVICE`'s, else the CPU), replicas through `torch.distributed` (`tpu_dist`, else gloo)."
@@ -127,7 +127,7 @@ class Native(Backend):
         self.runtime = NativeRuntime(native_device_type(getattr(settings, 'native_device', None)))
         if self.runtime.lazy is not None:      # (a lazy device's own loop op: torch_xla's on `xla`, as its runtime ends the steps)
             self.loops = driving_backend(self.runtime.device_type)().loops
-        else: self.counters = DynamoCounters()   # (what torch.compile compiled: `compile=`, 16_compile)
+        else: self.counters = DynamoCounters(self.runtime.device_type)   # (what torch.compile compiled: `compile=`, 16_compile)
     no_spmd = _NO_SPMD
     @property
     def process_group(self):

@@ -380,7 +380,7 @@ def learner_mixins(cls) -> tuple:
     "The mixins of the XLA version of the learner class `cls`: every registered one that applies to it."
     return tuple(m for m, applies in learner_mixins_ if applies is None or applies(cls))
 
-# %% ../nbs/03_callback.ipynb #63241a66
+# %% ../nbs/03_callback.ipynb #f458cae8
 _missing = object()
 
 def _set_attr(o, name, value):
@@ -476,6 +476,10 @@ class XLAChanges:
         if any(isinstance(e, OptimizerChanged) and e.opt is opt for e in self.entries): return
         xla_optimizer(opt, grouped)
         self.entries.append(OptimizerChanged(opt))
+
+    def note(self, change:Change):
+        "Note a `change` made elsewhere (a module that changes the learner its own way: `17_fsdp`'s sharding), undone with the others."
+        self.entries.append(change)
 
     def moved(self, model):
         "Note that `model` now lives on the device (undone by moving it back: `detach_xla` alone)."

@@ -9,7 +9,8 @@ step, the bytes each replica holds of the parameters and of the optimizer's stat
 torch.distributed.checkpoint folder, each replica its file) loaded by 1 sharded replica (DCP reshards), and its whole
 save (`sharded=False`) by a plain fastai learner on the CPU, both validating to the 2 replicas' metric; saves in the
 background (`BackgroundSaves`, `dcp.async_save`) holding the weights of the epoch that saved them, named once written; the sharded
-learner's `export`, opened by `load_learner`: the plain model with the saved weights; bfloat16 (FSDP2's mixed precision)
+learner's `export`, opened by `load_learner`: the plain model with the saved weights; `detach_xla` on every replica: the
+plain model and Adam's state whole on the CPU, validating as before and training on with fastai's own loop; bfloat16 (FSDP2's mixed precision)
 against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
 `learn.launch` of sharded replicas bringing the whole weights back.
 Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls);
@@ -103,6 +104,13 @@ if PHASE == 'train':
     learn.save('whole', sharded=False)                      # (every replica gathers, the master writes the whole file)
     learn.export('sharded.pkl')                             # (a plain fastai learner, its model the one before sharding)
     report['validated'] = [float(v) for v in learn.validate()]
+    learn.detach_xla()                                      # (every replica: the plain model and Adam's state whole, fastai's own)
+    state = [t for p in learn.model.parameters() for t in learn.opt.state[p].values() if isinstance(t, torch.Tensor) and t.ndim]
+    report['detached'] = dict(cls=type(learn.model).__name__, validated=[float(v) for v in learn.validate()],
+                              state_whole=len(state) > 0 and all(type(t) is torch.Tensor and t.device.type == 'cpu' for t in state)
+                              and all(t.shape == p.shape for p in learn.model.parameters() for t in learn.opt.state[p].values() if isinstance(t, torch.Tensor) and t.ndim))
+    learn.fit(1, 1e-3)                                      # (fastai's own loop on the CPU, from the whole state)
+    report['detached']['loss'] = float(learn.recorder.values[-1][1])
 else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain fastai learner on the CPU
     learn = digit_rows_learner().to_tpu_distributed(fsdp=True)
     learn.load('sharded')
@@ -152,6 +160,10 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     assert sorted(reports) == [0, 1]
     for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
     assert reports[0]['validated'] == reports[1]['validated']
+    for r in reports.values():   # (`detach_xla`: fastai's own learner, whole model and state, on every replica)
+        d = r['detached']
+        assert d['cls'] == 'Sequential' and d['state_whole'] and d['validated'] == pytest.approx(r['validated'], rel=1e-4), d
+        assert d['loss'] < 2 * r['validated'][0], d
     assert reports[0]['folders'] == ['bg_0 2', 'bg_1 2', 'later 2', 'sharded 2']   # (one folder a checkpoint, a file of shards per replica)
     for r in reports.values():   # (saved in the background: each checkpoint the weights of its epoch, named once written)
         assert r['background'] == [0., 0.] and r['later'] == 0. and not r['named before finished'], r

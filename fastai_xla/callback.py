@@ -617,7 +617,7 @@ def is_xla_learner(learn) -> bool:
     "Does `learn` train on XLA (is it an XLA learner, see `to_xla`)?"
     return isinstance(learn, XLAVersion) and 'xla_run' in learn.__dict__
 
-# %% ../nbs/03_callback.ipynb #c1a36bc2
+# %% ../nbs/03_callback.ipynb #f2e34dad
 @delegates(XLADataLoader.__init__)
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
@@ -634,6 +634,7 @@ def make_xla_learner(learn:Learner,
                      run:Run, # the run `learn` is a replica of
                      grouped_steps:bool=True, # False: fastai's own per-parameter optimizer step (see `xla_optimizer`)
                      compile=None, # the native backend: `torch.compile` the model (True, a compiler's name or torch.compile's options: `16_compile`)
+                     place_model=None, # how the model reaches the device: a function of the learner and the device giving `{id(old parameter): new}` (default: `move_model`, whole; `fsdp=`: shard by shard, `17_fsdp`)
                      **kwargs # what `XLADataLoader` takes, for every loader
                     ):
     "Make `learn` train on `run`'s device: wrap its `DataLoaders`, add the XLA callbacks (`TPUCallback` and the others above)."
@@ -653,7 +654,7 @@ def make_xla_learner(learn:Learner,
     for cb in learn.cbs.filter(lambda c: type(c) is CastToTensor): changes.remove_cb(cb); changes.add_cb(CastToPlainTensor())
     for setup in learner_setups: setup(learn)           # the features' own (XLA's mixed precision, diagnostics)
     become_xla_objects(learn)
-    moved = move_model(learn.model, device)
+    moved = place_model(learn, device) if place_model is not None else move_model(learn.model, device)
     changes.moved(learn.model)
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
     if compiled: compile_model(learn, compiled)

@@ -13,7 +13,9 @@ learner's `export`, opened by `load_learner`: the plain model with the saved wei
 plain model and Adam's state whole on the CPU, validating as before and training on with fastai's own loop; bfloat16 (FSDP2's mixed precision)
 against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
 `learn.launch` of sharded replicas bringing the whole weights back.
-Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls);
+Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls); that
+the model never is whole on the device (sharded on the host, each unit moved as it is cut: on the CPU the host is the
+device, so only the master's weights reaching every replica's shards is tested, with 4 replicas of different first weights);
 the stand-in devices (torch_xla's `xla` and the eager `tpu` test device have no process group of their own kind, and
 `fsdp=` refuses them by name); a killed sharded run resumed under `--max-restarts` (the resume checkpoint is written and
 read by the same code as `learn.save`/`load`, tested here, but the kill itself is not)."""
@@ -64,6 +66,16 @@ class Seen(Callback):
     def before_fit(self): self.weights = []
     def after_epoch(self): self.weights.append(whole_weights(self.learn))
 
+def own_first_weights(make):
+    "`make` whose learner's model draws its weights again from a seed of this replica's own: only the master's weights make replicas agree."
+    def made():
+        learn = make()
+        torch.manual_seed(1000 + replica_ordinal())
+        for m in learn.model.modules():
+            if m is not learn.model and hasattr(m, 'reset_parameters'): m.reset_parameters()
+        return learn
+    return made
+
 class ParamDtype(Callback):
     "The dtype of the first unit's parameters inside its forward (a sharded model's: as gathered), in training."
     def before_fit(self):
@@ -89,7 +101,8 @@ if PHASE == 'train':
     if replica_count() == 2:   # bfloat16: autocast replicated, FSDP2's mixed precision sharded
         for fsdp in (None, True): _, report[f'bf16 {{"sharded" if fsdp else "replicated"}}'] = trained(digit_rows_learner, fsdp, bf16=True)
     for name, make in ([('tabular', tabular_digits_learner), ('vision fine_tune', digits_fine_tune_learner),
-                        ('transformer', digit_rows_learner)] if replica_count() == 2 else [('tabular', tabular_digits_learner)]):
+                        ('transformer', digit_rows_learner)] if replica_count() == 2
+                       else [('tabular', own_first_weights(tabular_digits_learner))]):   # (4: each its own first weights)
         for fsdp in (None, True):
             learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
     # saves in the background: each epoch's checkpoint holds that epoch's weights, though training went on while it was written
@@ -179,8 +192,9 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     assert 'fastai_xla_sharded' in loaded['refused']         # (fastai's own load, of the file that names a folder of shards: its keys named)   # (`export`: the plain model, the saved weights)
 
 def test_four_replicas_hold_a_quarter_and_listen_on_loopback_alone(tmp_path):
-    """4 replicas: the tabular learner sharded trains as replicated, each replica holding at most 1/4 + 0.1 of the parameters
-    and state; every port a replica listens on (its run's gloo group, and the default group FSDP2's mesh is made over, which
+    """4 replicas, each making its model from a seed of its own: the tabular learner sharded trains as replicated (both from
+    the master's weights: sharded, sent a tensor at a time as the model is sharded on the host), each replica holding at
+    most 1/4 + 0.1 of the parameters and state; every port a replica listens on (its run's gloo group, and the default group FSDP2's mesh is made over, which
     `init_process_group` builds from the environment alone) is on loopback, though `GLOO_SOCKET_IFNAME` names the network's
     interface (as a platform may set it; gloo's own choice, the machine's name, is loopback on this machine, so the variable
     is what would show a group on the network here)."""

@@ -8,7 +8,9 @@
 #   2. the native tests (tests/conftest.py's NATIVE_TESTS, as scripts/test.sh runs them on its two stand-in devices),
 #      each against fastai's own path on the same machine (which is fastai's CUDA path there);
 #   3. benchmarks/native_device.py: the README's vision recipe and a tabular learner, on the native backend against
-#      fastai's own (CUDA) path, the same seeds and epochs, and with `compile=True` (torch.compile, inductor on CUDA).
+#      fastai's own (CUDA) path, the same seeds and epochs, and with `compile=True` (torch.compile, inductor on CUDA);
+#   4. `fsdp=True` on the card: one replica (nccl refuses two ranks on one GPU) sharded by FSDP2 over nccl, trained as
+#      replicated, its torch.distributed.checkpoint saves at once and in the background, export and detach_xla.
 # Left out where spaCy is not installed: the text classifier (fastai's default tokenizer needs it).
 set -uo pipefail
 export FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=cuda PYTHONUNBUFFERED=1
@@ -32,5 +34,6 @@ text=(); "$PY" -c 'import spacy' 2>/dev/null || text=(-k 'not test_classifier_le
 step "1. the self-check" "$PY" -m fastai_xla.check
 step "2. the native tests" "$PY" -m pytest -n 4 --dist loadfile -m native "${text[@]}" "$@" $NATIVE_FILES
 step "3. benchmarks/native_device.py" "$PY" benchmarks/native_device.py --epochs 3 --compile
+step "4. fsdp=True on the card" env FASTAI_XLA_FSDP_DEVICE=cuda "$PY" -m pytest -q tests/test_fsdp.py -k one_replica
 if [ ${#failed[@]} -gt 0 ]; then echo "failed: ${failed[*]}"; exit 1; fi
 echo "all passed"

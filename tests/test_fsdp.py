@@ -205,6 +205,18 @@ def test_four_replicas_hold_a_quarter_and_listen_on_loopback_alone(tmp_path):
     for r in reports.values():
         assert len(r['listening']) >= 2 and all(ip in ('127.0.0.1', '::1') for ip, _ in r['listening']), r['listening']
 
+def test_one_replica_shards_on_the_native_device(tmp_path):
+    """One replica (`torchrun --nproc-per-node=1`) on the native backend's device, `FASTAI_XLA_FSDP_DEVICE` (default the
+    CPU; scripts/native_gpu.sh sets `cuda`: nccl, one GPU, one replica): the tabular learner sharded trains as replicated,
+    saves (at once and in the background), exports and detaches; every port it listens on is on loopback."""
+    device = os.environ.get('FASTAI_XLA_FSDP_DEVICE', 'cpu')
+    reports = torchrun(tmp_path, 1, 'train', FASTAI_XLA_NATIVE_DEVICE=device)
+    check_sharded_like_replicated(reports[0], 'tabular', 1)
+    r = reports[0]
+    assert r['background'] == [0., 0.] and r['later'] == 0. and r['folders'] == ['bg_0 1', 'bg_1 1', 'later 1', 'sharded 1']
+    assert r['detached']['state_whole'] and r['detached']['validated'] == pytest.approx(r['validated'], rel=1e-4)
+    assert all(ip in ('127.0.0.1', '::1') for ip, _ in r['listening']), r['listening']
+
 def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path):
     """tests/test_torchrun.py's script sharded: `torchrun --max-restarts=1` with `ResumeCallback`, replica 1 SIGKILLed in epoch
     1; the new attempt loads the sharded run's resume checkpoint of epoch 0 (every replica its shards of it) and ends with

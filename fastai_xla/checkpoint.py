@@ -241,11 +241,11 @@ def read_checkpoint(learn, file, read=None):
         with _reading: return (read or load_weights)(path), path
     except Exception as e: raise checkpoint_error(path, e) from e
 
-# %% ../nbs/05_checkpoint.ipynb #1bcdf3bf
+# %% ../nbs/05_checkpoint.ipynb #374b9388
 class BackgroundSaves(Callback):
     "A sharded learner's saves (`learn.save`, so `SaveModelCallback`'s) written on a thread while training goes on (`dcp.async_save`), and named once every replica wrote its part (`finish_saves`: at the next save or load, and the end of the fit)."
     def __init__(self): self.pending = self.group = None
-    def before_fit(self): self.pending = None
+    def before_fit(self): finish_saves(self.learn)    # (a save made outside a fit, still being written)
     def after_fit(self): finish_saves(self.learn)
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k not in ('pending', 'group')}   # (a thread's future, a process group)
 

@@ -109,8 +109,9 @@ if PHASE == 'train':
     bg, seen = tabular_digits_learner(seed=0).to_tpu_distributed(seed=0, fsdp=True), Seen()
     bg.fit(2, 1e-2, cbs=[BackgroundSaves(), SaveModelCallback(every_epoch=True, fname='bg'), seen])
     report['background'] = [float((whole_weights(bg.load(f'bg_{{e}}')) - w).abs().max()) for e, w in enumerate(seen.weights)]
-    bg.add_cb(BackgroundSaves()); bg.save('later')        # (outside a fit: named at the next save or load)
+    bg.add_cb(BackgroundSaves()); bg.save('later')        # (outside a fit: named at the next save or load, or fit)
     report['named before finished'] = Path('models/later.pth').exists()
+    with bg.no_bar(): bg.fit(1, 1e-2)                       # (named as this fit starts, with the weights of before it)
     report['later'] = float((whole_weights(bg.load('later')) - seen.weights[-1]).abs().max())
     learn.save('sharded'); learn.save('sharded')            # (the transformer: a folder of shards, named by sharded.pth; the first one removed)
     report['folders'] = sorted(f.name.split('.')[0] + ' ' + str(len(list(f.glob('__*.distcp')))) for f in Path('models').glob('*.dcp'))

@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
            'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #de54acf7
+# %% ../nbs/00_backend.ipynb #5e2a11f7
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -131,6 +131,7 @@ class SPMD:
     def sharding(self, mesh, partition:tuple): "A function giving a tensor's sharding split as `partition` over `mesh`."; raise NotImplementedError
     def mark_sharding(self, t, mesh, partition:tuple): "Split `t` over `mesh` as `partition`, in place."; raise NotImplementedError
     def sharding_spec(self, t) -> str: "How `t` is split over the devices ('' or '{replicated}' if it is not)."; raise NotImplementedError
+    def checkpoint_planners(self) -> tuple: "torch.distributed.checkpoint's `(save planner, load planner)` for tensors split over the devices."; raise NotImplementedError
 
 class Loops:
     "Loops compiled once and called as one operation."

@@ -291,7 +291,7 @@ class XLAProfiler(Profiler):
     def stop(self, session): _xp().stop_trace()
     def span(self, name, step): return _xp().Trace(name, step_num=step)
 
-# %% ../nbs/00d_backend_xla.ipynb #8f6a900e
+# %% ../nbs/00d_backend_xla.ipynb #71933d41
 class XLASPMD(SPMD):
     "torch_xla's SPMD partitioner."
     def enabled(self): return _xr().is_spmd()
@@ -305,6 +305,9 @@ class XLASPMD(SPMD):
     def sharding(self, mesh, partition): return _xs().ShardingSpec(mesh, tuple(partition)).xla_spec
     def mark_sharding(self, t, mesh, partition): _xs().mark_sharding(t, mesh, tuple(partition))
     def sharding_spec(self, t): return _C()._get_xla_sharding_spec(t)
+    def checkpoint_planners(self):
+        from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner, SPMDLoadPlanner
+        return SPMDSavePlanner(), SPMDLoadPlanner()
 
 # %% ../nbs/00d_backend_xla.ipynb #3668dec0
 def _flat(o) -> list: return list(o) if isinstance(o, (tuple, list)) else [o]

@@ -40,8 +40,8 @@ if mode.startswith('spmd'):
     res['batch_sharding'] = sharding_of(xb)
     res['param_shardings'] = [sharding_of(p) for p in learn.model.parameters()]
     res['param_shapes'] = [list(p.shape) for p in learn.model.parameters()]
-    # a checkpoint holds whole CPU tensors, whatever the layout on the devices
-    learn.save('spmd')
+    # a whole checkpoint holds whole CPU tensors, whatever the layout on the devices
+    learn.save('spmd', sharded=False)
     sd = torch.load(learn.path/learn.model_dir/'spmd.pth', map_location='cpu', weights_only=False)
     sd = sd.get('model', sd)
     res['saved_on_cpu'] = all(t.device.type == 'cpu' for t in sd.values())
@@ -53,7 +53,34 @@ if mode.startswith('spmd'):
     raw = learn.dls.valid_ds.items if data == 'digits' else digits_frame()[0].loc[learn.dls.valid_ds.items.index]
     cpu_preds, _ = cpu.get_preds(dl=cpu.dls.test_dl(raw, with_labels=True))
     res['export_max_diff'] = (cpu_preds - preds).abs().max().item()
+    if mode == 'spmd-fsdp':   # its own save: a torch.distributed.checkpoint folder, each device's shards (torch_xla's SPMD planners)
+        learn.save('sharded')
+        res.update(sharded_files=sorted(p.name for p in (learn.path/learn.model_dir).iterdir()), **saved_state(learn))
 print('RESULT', json.dumps(res))
+'''
+
+STATE = '''
+def saved_state(learn):
+    "What a checkpoint restores: the validation loss and accuracy, and a digest of each tensor of the optimizer's state."
+    state = [v for p in learn.model.parameters() for v in learn.opt.state[p].values() if isinstance(v, torch.Tensor)]
+    return dict(valid=[float(v) for v in learn.validate()], opt=[float(v.double().abs().sum().cpu()) for v in state],
+                opt_sharding=[sharding_of(v) for v in state])
+'''
+WORKER = WORKER.replace("mode, data, epochs =", STATE + "\nmode, data, epochs =")
+
+LOADER = '''
+import json, sys, torch
+from fastai.basics import *
+sys.path.insert(0, {tests!r})
+from helpers import *
+''' + STATE + '''
+learn = digits_learner()
+torch.manual_seed(7)                                   # (other first weights)
+for m in learn.model.modules():
+    if hasattr(m, 'reset_parameters'): m.reset_parameters()
+learn.to_tpu_spmd(seed=0, shard_params=True)           # (another mesh: 4 devices)
+learn.load('sharded')
+print('RESULT', json.dumps(saved_state(learn)))
 '''
 
 def run(tmp_path, mode, data='digits', epochs=3, devices=8):
@@ -91,3 +118,13 @@ def test_sharded_parameters_train_like_replicated(tmp_path):
     assert abs(fsdp['acc'] - rep['acc']) <= 0.02
     assert fsdp['compiles'][1:] == [0, 0]
     assert fsdp['saved_on_cpu'] and fsdp['saved_equal'] and fsdp['export_max_diff'] < 1e-5
+    # its own save, a folder of shards, loaded on a mesh of 4 devices into a learner of other first weights: the same
+    # validation, the same optimizer state, laid out over the 4
+    assert len([f for f in fsdp['sharded_files'] if f.startswith('sharded.') and f.endswith('.dcp')]) == 1, fsdp['sharded_files']
+    code = LOADER.format(tests=os.path.dirname(__file__))
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=tmp_path, timeout=900,
+                       env={**os.environ, 'PJRT_DEVICE': 'CPU', 'CPU_NUM_DEVICES': '4'})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    loaded = json.loads([l for l in r.stdout.splitlines() if l.startswith('RESULT ')][-1][len('RESULT '):])
+    assert loaded['valid'] == pytest.approx(fsdp['valid'], rel=1e-5) and loaded['opt'] == pytest.approx(fsdp['opt'], rel=1e-5)
+    assert any(s.startswith('{devices=[8') for s in fsdp['opt_sharding']) and any(s.startswith('{devices=[4') for s in loaded['opt_sharding'])

@@ -299,7 +299,7 @@ def _named_folder(path) -> Path|None:
 
 def _folder_kwargs(kwargs:dict) -> dict: return {k: v for k, v in kwargs.items() if k in ('with_opt', 'strict')}
 
-# %% ../nbs/05_checkpoint.ipynb #61160885
+# %% ../nbs/05_checkpoint.ipynb #bb312925
 def load_on_xla(learn, fastai_load, file, **kwargs):
     "Run `fastai_load` (fastai's `load` of `learn`'s class) for an XLA learner: through the CPU, on every replica once the master's file is there; a sharded learner keeps its shards of it (`load_sharded`)."
     if sharded_checkpoints(learn) is not None:
@@ -307,7 +307,7 @@ def load_on_xla(learn, fastai_load, file, **kwargs):
         state, path = read_checkpoint(learn, file)
         if 'fastai_xla_sharded' in state: load_checkpoint_folder(learn, path.parent/state['folder'], **_folder_kwargs(kwargs))
         elif holds_shards(learn.model): load_sharded(learn, state, **kwargs)
-        else: fastai_load(learn, file, device='cpu', **kwargs)      # (a whole file into `to_tpu_spmd`'s learner: fastai's own)
+        else: read_checkpoint(learn, file, lambda path: fastai_load(learn, file, device='cpu', **kwargs))   # (a whole file into `to_tpu_spmd`'s learner)
     else: read_checkpoint(learn, file, lambda path: fastai_load(learn, file, device='cpu', **kwargs))   # (copies into the device parameters)
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, {}, learn.splitter)   # its state back on the device
     return learn

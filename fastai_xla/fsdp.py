@@ -219,9 +219,10 @@ class ModelSharded(Change):
     def undo(self, learn, moves):
         if moves: whole_again(learn)
 
-# %% ../nbs/17_fsdp.ipynb #f715cb7c
+# %% ../nbs/17_fsdp.ipynb #5d9a72e6
+_PATHS = ('PosixPath', 'WindowsPath', 'PurePosixPath', 'PureWindowsPath')   # (in `pathlib`, or `pathlib._local` from Python 3.13)
 _METADATA_NAMES = {('torch', 'Size'), ('torch.serialization', '_get_layout'), ('torch.distributed.checkpoint.filesystem', '_StorageInfo'),
-                   ('pathlib', 'PosixPath'), ('pathlib', 'WindowsPath'), ('pathlib', 'PurePosixPath'), ('pathlib', 'PureWindowsPath')}
+                   *((m, p) for m in ('pathlib', 'pathlib._local') for p in _PATHS)}
 
 def _metadata_name(module:str, name:str) -> bool:
     "Is `module.name` one of the things a DCP metadata file is made of (a metadata class of DCP's, a dtype, `torch.Size`...)?"

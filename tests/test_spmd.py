@@ -80,7 +80,9 @@ for m in learn.model.modules():
     if hasattr(m, 'reset_parameters'): m.reset_parameters()
 learn.to_tpu_spmd(seed=0, shard_params=True)           # (another mesh: 4 devices)
 learn.load('sharded')
-print('RESULT', json.dumps(saved_state(learn)))
+res = saved_state(learn)
+learn.load('spmd')                                     # (the whole file `save(name, sharded=False)` wrote: fastai's own load)
+print('RESULT', json.dumps(dict(res, whole=saved_state(learn))))
 '''
 
 def run(tmp_path, mode, data='digits', epochs=3, devices=8):
@@ -128,3 +130,4 @@ def test_sharded_parameters_train_like_replicated(tmp_path):
     loaded = json.loads([l for l in r.stdout.splitlines() if l.startswith('RESULT ')][-1][len('RESULT '):])
     assert loaded['valid'] == pytest.approx(fsdp['valid'], rel=1e-5) and loaded['opt'] == pytest.approx(fsdp['opt'], rel=1e-5)
     assert any(s.startswith('{devices=[8') for s in fsdp['opt_sharding']) and any(s.startswith('{devices=[4') for s in loaded['opt_sharding'])
+    assert loaded['whole']['valid'] == pytest.approx(fsdp['valid'], rel=1e-5)

@@ -1,5 +1,5 @@
-"""What a replica meeting (`Run.meet`, before each collective outside a training step) costs, and a preemption vote
-(`Run.vote`, which `ResumeCallback` holds every `check_every` training steps when there are several replicas).
+"""What a replica meeting (`Meetings.meet`, before each collective outside a training step) costs, and a preemption vote
+(`Meetings.vote`, which `ResumeCallback` holds every `check_every` training steps when there are several replicas).
 
 A TCPStore in this process, a run whose transport says there are 2 replicas, and replica 1's entries written in advance, so
 each `meet` does what it does in a real run once the other replica has arrived: two writes, one check, two reads.
@@ -22,17 +22,18 @@ def main():
     n = p.parse_args().n
     store = dist.TCPStore('127.0.0.1', 0, 1, True, wait_for_workers=False)
     run = Run(current_settings(), device='cpu')
-    run.collectives, run.store = TwoReplicas(), store
+    run.collectives = TwoReplicas()
+    run.meetings.use(store)
     for i in range(1, n + 1): store.set(f'{i}/1', 'the same collective')
     t = time.perf_counter()
-    for _ in range(n): run.meet('the same collective')
+    for _ in range(n): run.meetings.meet('the same collective')
     per = (time.perf_counter() - t) / n
     print('| meetings | ms per meeting | ms per epoch (3 meetings) |')
     print('|---|---|---|')
     print(f'| {n} | {per * 1e3:.3f} | {3 * per * 1e3:.3f} |')
     for i in range(1, n + 1): store.add(f'vote/{i}/came', 1)       # replica 1 voted (no) in each, in advance
     t = time.perf_counter()
-    for _ in range(n): run.vote(False, 'preemption check')
+    for _ in range(n): run.meetings.vote(False, 'preemption check')
     per = (time.perf_counter() - t) / n
     print()
     print('| votes | ms per vote | ms per training step (check_every=10) |')

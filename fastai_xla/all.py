@@ -7,7 +7,8 @@ text, vision augmentations and GANs load when the learner needs them (`applicati
 from . import pickling, optimizer, metrics, models, launch  # noqa: F401 (what they add to fastai's classes and to the learner's path)
 from .settings import Settings, current_settings
 from .core import xla_device, device_kind, on_torch_xla, off_host, is_xla, to_host, step_boundary, xla_counters, counters_diff, AutogradStartedFirst
-from .run import Run, replica_ordinal, replica_count, is_master, is_local_master, ReplicasDiverged
+from .run import Run, replica_ordinal, replica_count, is_master, is_local_master
+from .meetings import ReplicasDiverged
 from .agent import ReplicasFailed
 from .data import XLADataLoader
 from .callback import TPUCallback, XLALearner, is_xla_learner, xla_dataloaders, NothingToTrain

@@ -64,7 +64,7 @@ class RelayProgressCallback(Callback):
         self.in_fit, self.learn.logger = False, self.old_logger
         self.log.send('end')
 
-# %% ../nbs/04c_launched.ipynb #9d48cf5d
+# %% ../nbs/04c_launched.ipynb #42a178f3
 def _run_replica(job_dir, job):
     "Body of every launched replica: the `job` (the learner, the function and its arguments, `to_tpu_distributed`'s, the launching process's random state; pickled unless the replica was forked), trained, and (master) its result written in `job_dir`. Its error is its record's (`00f_agent`)."
     job_dir = Path(job_dir)
@@ -85,7 +85,7 @@ def _run_replica(job_dir, job):
     sharded = holds_shards(learn.model)          # (its state gathered whole by every replica: 17_fsdp)
     state = host_state(learn.model, getattr(learn, 'opt', None)) if learn.xla_run.is_master or sharded else None
     learn.xla_run.barrier('the end of the function learn.launch runs')
-    learn.xla_run.finish()                   # (its silence from now on is no failure: see `Run.watch`)
+    learn.xla_run.supervisor.finish()        # (its silence from now on is no failure: see `StoreSupervisor.watch`)
     if learn.xla_run.is_master:
         result = dict(state=state, recorder=recorder_history(learn),
                       records={name: get(learn) for name, (get, put) in launch_records.items()},

@@ -116,7 +116,7 @@ def is_sharded(dl) -> bool:
     "Is `dl` shared out between the run's replicas? A pass over it is a collective (when the replicas talk: `Run.together`); a pass over anything else (fastai's `[batch]` in `summary` and `show_results`, `predict`'s loader) is this replica's alone."
     return isinstance(dl, XLADataLoader) and not dl.replica_local
 
-# %% ../nbs/02b_metrics.ipynb #ea539b7f
+# %% ../nbs/02b_metrics.ipynb #0ca067ce
 class DeviceMetricsCallback(Callback):
     "fastai's metrics and the `Recorder`'s losses accumulated on the device, reduced over replicas, read once per phase."
     order, run_valid = TrainEvalCallback.order - 0.75, True
@@ -163,7 +163,7 @@ class DeviceMetricsCallback(Callback):
     def _reduce_metrics(self, mets):
         "Make every replica's metric state the state of the whole phase: sums, means and gathered predictions."
         run = self.learn.xla_run
-        run.meet(f"metric reduction at the end of {'training' if self.learn.training else 'validation'}")
+        run.meetings.meet(f"metric reduction at the end of {'training' if self.learn.training else 'validation'}")
         n = phase_items(self.learn.dl)
         for m in mets:
             if isinstance(m, (AvgMetric, AvgLoss)) and isinstance(m.total, DeviceTotal):
@@ -193,7 +193,7 @@ class DeviceMetricsCallback(Callback):
 
     def after_fit(self): fetch_to_host(self._device_losses() + [(self.learn, 'smooth_loss')])
 
-# %% ../nbs/02b_metrics.ipynb #5bbc0c98
+# %% ../nbs/02b_metrics.ipynb #a79d680a
 class ReplicaPredsCallback(Callback):
     "`get_preds`' predictions, targets, inputs and losses from every replica, in data set order, on the host."
     order, run_valid = TrainEvalCallback.order - 0.25, True
@@ -201,7 +201,7 @@ class ReplicaPredsCallback(Callback):
     def after_validate(self):
         n = phase_items(self.learn.dl)
         gathers = self.learn.cbs.filter(lambda c: isinstance(c, GatherPredsCallback))
-        if gathers and n is not None and is_sharded(self.learn.dl): self.learn.xla_run.meet('predictions gather in get_preds')
+        if gathers and n is not None and is_sharded(self.learn.dl): self.learn.xla_run.meetings.meet('predictions gather in get_preds')
         batch_rows = getattr(self.learn, 'padding', None) and self.learn.padding.batch_rows
         for cb in gathers:
             for a in ('preds', 'targets', 'inputs', 'losses'):

@@ -22,7 +22,7 @@ from .checkpoint import host_state, save_on_xla, save_sharded, load_sharded, rea
 __all__ = ['launch_records', 'rng_states', 'set_rng_states', 'every_replica', 'weights_bytes', 'recorder_history',
            'restore_history', 'ResumeWhereStopped', 'Preempted', 'StopOnSignal', 'ResumeCallback']
 
-# %% ../nbs/05a_resume.ipynb #2853c0fc
+# %% ../nbs/05a_resume.ipynb #e3cdbcef
 def rng_states(runtime=None) -> dict:
     "This process's random generators: Python's, NumPy's, torch's and the device `runtime`'s."
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
@@ -36,11 +36,12 @@ def set_rng_states(s:dict, runtime=None):
 
 def every_replica(run, mine, what:str) -> dict|None:
     "`{ordinal: mine}` of every replica of `run` (`mine`: picklable), on the first replica of each host (the others: None)."
-    if not run.together or run.store is None: return {run.ordinal: mine}
-    run.store.set(f'every_replica/{run.ordinal}', weights_bytes(mine))
+    store = run.meetings.store
+    if not run.together or store is None: return {run.ordinal: mine}
+    store.set(f'every_replica/{run.ordinal}', weights_bytes(mine))
     run.barrier(f'every replica\'s {what}')
     if not run.is_local_master: return None
-    return {r: load_weights(io.BytesIO(run.store.get(f'every_replica/{r}'))) for r in range(run.count)}   # (weights only: nothing run)
+    return {r: load_weights(io.BytesIO(store.get(f'every_replica/{r}'))) for r in range(run.count)}   # (weights only: nothing run)
 
 def weights_bytes(o) -> bytes:
     "`o` (tensors, Python's plain values, NumPy arrays) as the bytes `torch.save` writes, for `load_weights` to read back."
@@ -202,7 +203,7 @@ def _in_fit_of(learn, frame) -> bool:
         frame = frame.f_back
     return False
 
-# %% ../nbs/05a_resume.ipynb #02c6905d
+# %% ../nbs/05a_resume.ipynb #2a0abcd6
 class StopOnSignal(Callback):
     "On `signals`, stop every replica after the same training step and leave with `Preempted` (nothing saved: see `ResumeCallback`)."
     order = 65   # after the Recorder and SaveModelCallback have seen the epoch
@@ -232,7 +233,7 @@ class StopOnSignal(Callback):
     def _on_signal(self, signum, frame):
         if self.asked is None and _in_fit_of(self.learn, frame):
             self.asked, self.asked_at = signal.Signals(signum).name, time.monotonic()
-            process_signals.note(signum)                  # (for a replica waiting for the others: `Run.failure`)
+            process_signals.note(signum)                  # (for a replica waiting for the others: `AgentSupervisor.failure`)
             return
         self._restore_handlers()                          # a second signal, or one outside the fit: as before
         previous = signal.getsignal(signum)
@@ -256,7 +257,7 @@ class StopOnSignal(Callback):
 
     def _any_replica_asked(self) -> bool:
         run = getattr(self.learn, 'xla_run', None)
-        return run.vote(self._asked_here(), 'preemption check') if run is not None else self._asked_here()
+        return run.meetings.vote(self._asked_here(), 'preemption check') if run is not None else self._asked_here()
 
     def after_batch(self):
         if not self.training or not self.signals or not self.listening: return
@@ -278,7 +279,7 @@ class StopOnSignal(Callback):
         run = getattr(self.learn, 'xla_run', None)
         # (under torch's agent the first replica to leave makes it send SIGTERM to the others: the stop is decided, and the
         # master's save must end, so this process ignores the signals from here to its end)
-        if run is not None and run.supervised and threading.current_thread() is threading.main_thread():
+        if run is not None and run.settings.supervised and threading.current_thread() is threading.main_thread():
             for s in self.signals: signal.signal(s, signal.SIG_IGN)
             self.previous = {}
         saved = self._saved(epoch, batch)

@@ -166,13 +166,13 @@ def replica_env(settings:Settings) -> dict:
     unset = lambda name, v: v is None or v is False or (name == 'restart_count' and v == 0)   # (the defaults of torch's agent's)
     return {_VARIABLES[f.name]: str(getattr(settings, f.name)) for f in fields(settings) if not unset(f.name, getattr(settings, f.name))}
 
-# %% ../nbs/00_settings.ipynb #fb45eb1e
+# %% ../nbs/00_settings.ipynb #8c4dfd0f
 class _ThisThread(threading.local):
     "What belongs to the replica the current thread trains as."
     settings = None   # given by a launcher of replica threads, instead of the environment (see `current_settings`)
     run = None        # the run this thread's learner made (see `Run.enter`)
     collectives = None   # the collectives of this thread: before any run (`replica_collectives`, 00b_run), then its runs'
-    stores = 0           # the run stores this thread opened (`Run.open_store`: each run meets in rooms of its own)
+    stores = 0           # the run stores this thread opened (`Meetings.open`: each run meets in rooms of its own)
 
 this_thread = _ThisThread()
 os.register_at_fork(after_in_child=lambda: this_thread.__dict__.clear())   # a forked replica is a replica of its own

@@ -12,7 +12,8 @@ from fastai_xla.backend import backend_for, BACKENDS
 from fastai_xla.settings import Settings, replica_env, current_settings, this_thread
 from fastai_xla.replicas import (meeting_store, private_prefix, key_secret, room, check_exposure,
                                  check_nprocs_arg, free_port, pid_alive, agent_secret)
-from fastai_xla.run import Run, ReplicasDiverged
+from fastai_xla.run import Run
+from fastai_xla.meetings import ReplicasDiverged
 from fastai_xla.agent import record_error, read_record, ReplicasFailed, first_failure, exit_status
 from fastai_xla.distributed import ended
 from fastai_xla.resume import Preempted
@@ -140,7 +141,7 @@ def _two_replicas(work, timeout=10.):
         this_thread.settings = s
         run = Run(s, device='cpu').enter()
         try:
-            run.open_store()
+            run.meetings.open()
             out[rank] = work(run)
         except Exception as e: out[rank] = e
         finally: run.collectives.close()
@@ -155,18 +156,18 @@ def test_two_replicas_reduce_meet_and_vote():
         run.all_reduce_mean_([t], what='mean')
         run.barrier('together')
         seen = run.broadcast_object({'from': run.ordinal})
-        return t.tolist(), run.vote(run.ordinal == 1, 'stop?'), run.vote(False, 'go on?'), seen
+        return t.tolist(), run.meetings.vote(run.ordinal == 1, 'stop?'), run.meetings.vote(False, 'go on?'), seen
     out = _two_replicas(work)
     assert out[0] == out[1] == ([1.5, 10.0], True, False, {'from': 0}), out
 
 def test_replicas_in_different_collectives_are_named_not_left_waiting():
-    out = _two_replicas(lambda run: run.meet('validate' if run.ordinal == 0 else 'save'))
+    out = _two_replicas(lambda run: run.meetings.meet('validate' if run.ordinal == 0 else 'save'))
     for r in (0, 1):
         assert isinstance(out[r], ReplicasDiverged), out
         assert 'replica 0 in validate, replica 1 in save' in str(out[r])
 
 def test_a_replica_that_never_comes_is_named_after_the_timeout():
-    out = _two_replicas(lambda run: run.meet('fit') if run.ordinal == 0 else None, timeout=1.)
+    out = _two_replicas(lambda run: run.meetings.meet('fit') if run.ordinal == 0 else None, timeout=1.)
     assert isinstance(out[0], ReplicasDiverged) and 'replica 1 did not come: it has not reached any collective' in str(out[0]), out
 
 # ---- how a launch reads its replicas' ends

@@ -156,10 +156,10 @@ def train(rank):
     preds, targs = learn.get_preds()
     learn.save('final'); learn.load('final')
     run = learn.xla_run
-    beats = [run.store.add(f'alive/{{r}}', 0) for r in range(run.count)]
+    beats = [run.meetings.store.add(f'alive/{{r}}', 0) for r in range(run.count)]
     (OUT/f'replica-{{run.ordinal}}.json').write_text(json.dumps(dict(
         rank=run.ordinal, count=run.count, local=run.local_ordinal, pid=os.getpid(), device=str(run.device), seen=rec.seen,
-        valid=[float(v) for v in valid], n_preds=len(preds), beats=beats, watchdog=run.watchdog is not None or True,
+        valid=[float(v) for v in valid], n_preds=len(preds), beats=beats, watchdog=getattr(run.supervisor, 'watchdog', None) is not None,
         weights=hashlib.sha256(b''.join(p.detach().cpu().numpy().tobytes() for p in learn.model.parameters())).hexdigest(),
         params=[p.detach().cpu().flatten().tolist() for p in learn.model.parameters()])))
 
@@ -192,6 +192,7 @@ def test_replicas_as_threads_are_replicas_of_their_own(threads):
     assert sorted(x['local'] for x in reports.values()) == [0, 1, 2, 3]                   # ... of one host
     assert sorted(x['device'] for x in reports.values()) == ['xla:0', 'xla:0', 'xla:1', 'xla:1']   # a device per thread
     for x in reports.values(): assert all(b == 0 for b in x['beats']), x['beats']         # torch's agent watches: no heartbeat of ours
+    assert not any(x['watchdog'] for x in reports.values())                              # (nor a watchdog: `AgentSupervisor`)
     assert len({x['weights'] for x in reports.values()}) == 1 and all(x['n_preds'] == 360 for x in reports.values())
     assert r.stdout.count('train_loss') == 1, r.stdout[-3000:]                             # one progress table: the master's
 

@@ -77,7 +77,7 @@ n_train = len(learn.dls.train)
 train_ar = re.findall(r'all-reduce\\((.*)', hlos['train'])
 print('RESULT', json.dumps(dict(
     together=run.together, count=run.count, collectives=type(run.collectives).__name__, calls=calls,
-    steps=2 * n_train, votes=run.votes, meetings=run.meetings,
+    steps=2 * n_train, votes=run.meetings.voted, meetings=run.meetings.met,
     train_all_reduces=len(re.findall(r' all-reduce\\(', hlos['train'])), valid_all_reduces=len(re.findall(r'all-reduce', hlos['valid'])),
     train_all_reduce_line=[l.strip() for l in hlos['train'].splitlines() if ' all-reduce(' in l][:1],
     ops=ops, epochs=learn.xla_diagnostics.epochs, n_preds=len(preds),

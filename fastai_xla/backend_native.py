@@ -118,7 +118,7 @@ class NativeRuntime(Runtime):
 _NO_SPMD = ("The native backend (TorchTPU) has no SPMD partitioner of one process over every chip (TorchTPU shards "
             "with DTensor): train one process per chip with `to_tpu_distributed()` under `spawn`, or `learn.launch`.")
 
-# %% ../nbs/00e_backend_native.ipynb #526c67a6
+# %% ../nbs/00e_backend_native.ipynb #8f6547dc
 @register_backend
 class Native(Backend):
     "PyTorch's own device (TorchTPU's `tpu`, `FASTAI_XLA_NATIVE_DEVICE`'s, else the CPU), replicas through `torch.distributed` (`tpu_dist`, else gloo)."
@@ -131,7 +131,7 @@ class Native(Backend):
     no_spmd = _NO_SPMD
     @property
     def process_group(self):
-        "TorchTPU's `tpu_dist` on its chip, else gloo (host copies: a stand-in `tpu` has no process group of its own)."
+        "TorchTPU's `tpu_dist` on its chip (and on the eager test device: gloo over host copies, tests/eager_tpu.py), else gloo (host copies)."
         has_own = self.runtime.device_type == 'tpu' and 'tpu_dist' in getattr(torch.distributed.Backend, 'backend_list', ())
         return 'tpu_dist' if has_own else 'gloo'
     @classmethod
@@ -150,7 +150,7 @@ class Native(Backend):
     def collectives(self, settings:Settings):
         if settings.transport == 'gloo': return ProcessGroupCollectives(settings, 'gloo')
         if not settings.in_group: return Collectives()
-        return ProcessGroupCollectives(settings, self.process_group)
+        return ProcessGroupCollectives(settings, self.process_group, self.runtime.device())
 
     def launcher(self, settings:Settings):
         settings = settings.with_(backend=self.name)

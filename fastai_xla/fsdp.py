@@ -30,10 +30,10 @@ from .callback import rebind_optimizer, state_of, Change
 
 # %% auto #0
 __all__ = ['FSDP_GROUPS', 'TRANSFORMER_BLOCKS', 'SUMS_ONLY', 'fsdp_group', 'fsdp_mesh', 'is_transformer_block', 'param_count',
-           'shard_units', 'shard_model', 'asks_bf16', 'sharded_like', 'holds_shards', 'reshard', 'ShardsKept',
-           'shard_state', 'check_fsdp', 'shard_learner', 'placed_sharded', 'whole', 'gathered', 'sharded_for',
-           'meta_copy', 'plain_model', 'unsharded', 'whole_again', 'ModelSharded', 'CheckedReader', 'opt_params',
-           'plain_containers', 'containers_like', 'sharded_state', 'CheckedLoadPlanner', 'dcp_errors',
+           'shard_units', 'moved_unsharded', 'shard_model', 'asks_bf16', 'sharded_like', 'holds_shards', 'reshard',
+           'ShardsKept', 'shard_state', 'check_fsdp', 'shard_learner', 'placed_sharded', 'whole', 'gathered',
+           'sharded_for', 'meta_copy', 'plain_model', 'unsharded', 'whole_again', 'ModelSharded', 'CheckedReader',
+           'opt_params', 'plain_containers', 'containers_like', 'sharded_state', 'CheckedLoadPlanner', 'dcp_errors',
            'ShardedCheckpoints', 'sharded_checkpoints', 'state_to_load', 'load_checkpoint_folder', 'tensor_bytes',
            'optimizer_state', 'replica_bytes']
 
@@ -86,12 +86,27 @@ def shard_units(model:nn.Module, policy=True, share:float=0.1) -> list:
     matches = policy or (lambda m: isinstance(m, classes))
     return [m for m in list(model.modules())[::-1] if m is not model and param_count(m) and matches(m)]
 
-# %% ../nbs/17_fsdp.ipynb #a37bfd8a
-def shard_model(model:nn.Module, mesh, policy=True, bf16:bool=False, sums_only:bool=False) -> list:
-    "Shard `model` over `mesh` with FSDP2: each of its `shard_units(model, policy)`, then the root; the units. `bf16`: FSDP2's mixed precision (bfloat16 parameters gathered, float32 gradients reduced); `sums_only`: reduce by sums (then divide) where the group has no average."
+# %% ../nbs/17_fsdp.ipynb #1ab30170
+def moved_unsharded(module:nn.Module, device, moved:dict|None=None):
+    "Move `module`'s parameters and buffers that are not sharded yet (not DTensors) to `device`, each replaced by its copy there (a tensor tied in two places stays one: `moved`, by the tensor's id)."
+    moved = {} if moved is None else moved
+    for m in module.modules():
+        for kind in (m._parameters, m._buffers):
+            for name, t in kind.items():
+                if t is None or isinstance(t, DTensor) or t.device == device: continue
+                if id(t) not in moved:
+                    on = t.detach().to(device)
+                    moved[id(t)] = nn.Parameter(on, t.requires_grad) if isinstance(t, nn.Parameter) else on
+                kind[name] = moved[id(t)]
+    return moved
+
+def shard_model(model:nn.Module, mesh, policy=True, bf16:bool=False, sums_only:bool=False, device=None) -> list:
+    "Shard `model` over `mesh` with FSDP2: each of its `shard_units(model, policy)`, then the root, moved to `device` (where given) as it is cut; the units. `bf16`: FSDP2's mixed precision (bfloat16 parameters gathered, float32 gradients reduced); `sums_only`: reduce by sums (then divide) where the group has no average."
     units = shard_units(model, policy)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    moved = {}
     for m in units + [model]:
+        if device is not None: moved_unsharded(m, device, moved)
         fully_shard(m, mesh=mesh, mp_policy=mp)
         if sums_only: m.set_force_sum_reduction_for_comms(True)
     return units
@@ -145,7 +160,7 @@ def shard_learner(learn, policy=True):
     learn.xla_changes.set(learn, 'xla_unsharded', meta_copy(learn.model))   # (for `export`: below)
     masters = learn.model.state_dict() if run.is_master else {}   # (the master's weights, where they are: the host, before sharding)
     kind = run.device.type
-    shard_model(learn.model, fsdp_mesh(run), policy, bf16=asks_bf16(learn), sums_only=fsdp_group(kind) in SUMS_ONLY)
+    shard_model(learn.model, fsdp_mesh(run), policy, bf16=asks_bf16(learn), sums_only=fsdp_group(kind) in SUMS_ONLY, device=run.device)
     if run.count > 1:   # (each tensor sent whole from the master, one at a time; each replica keeps its shard)
         set_model_state_dict(learn.model, masters, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del masters

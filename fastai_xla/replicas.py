@@ -171,11 +171,12 @@ def gloo_links_on_loopback(s:Settings):
         if before is None: os.environ.pop('GLOO_SOCKET_IFNAME', None)
         else: os.environ['GLOO_SOCKET_IFNAME'] = before
 
-# %% ../nbs/00c_replicas.ipynb #748ba78c
+# %% ../nbs/00c_replicas.ipynb #cbfb6a69
 class ProcessGroupCollectives(Collectives):
-    "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`)."
-    def __init__(self, settings:Settings, group:str='gloo'):
+    "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`, whose tensors are on `device`)."
+    def __init__(self, settings:Settings, group:str='gloo', device=None):
         self.settings, self.name = settings.check_group(f"{group}'s collectives"), group
+        self.wire_device = torch.device('cpu') if group == 'gloo' else device
         self._store = self._group = None
         self.generation = 0   # (how often this replica made its group anew: `renew`)
     via_host = property(lambda self: self.name == 'gloo', doc="Do tensors travel through host memory?")
@@ -256,11 +257,11 @@ class ProcessGroupCollectives(Collectives):
             _copy_parts_(group, flat)
     def broadcast_object(self, obj, src=0, tag='broadcast'):
         data = pickle.dumps(obj) if self.ordinal() == src else b''
-        size = torch.tensor([len(data)], dtype=torch.int64)
+        size = torch.tensor([len(data)], dtype=torch.int64).to(self.wire_device)   # (a device's own group takes its tensors alone)
         self._broadcast(size, src)
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(size), dtype=torch.uint8)
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(size), dtype=torch.uint8)).to(self.wire_device)
         self._broadcast(buf, src)
-        return pickle.loads(buf.numpy().tobytes())
+        return pickle.loads(buf.cpu().numpy().tobytes())
     def barrier(self, tag='barrier'): self.group().barrier().wait()
 
 def check_nprocs_arg(nprocs, transport:str|None=None):

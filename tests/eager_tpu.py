@@ -16,11 +16,17 @@ What it is: an allocator of host memory handed out as the device's, a device gua
 hooks (available, a generator of its own), the kernels that make and view tensors, and a fallback that runs every other
 op with its host kernel on host views of the device's memory. What a real device refuses, it refuses: an op mixing a
 device tensor with a host tensor (other than a 0-dim scalar) raises "Expected all tensors to be on the same device".
-What it cannot show: asynchrony (every op has finished when it returns), TorchTPU's precision of fp32 matmuls, its
-fusion and compiler, its memory limits, its `tpu_dist` collectives (replicas meet over gloo with host copies)."""
+What it cannot show: asynchrony (every op has finished when it returns: its streams and events, which FSDP2 asks the
+device's module for, have nothing to wait for, as the CPU's), TorchTPU's precision of fp32 matmuls, its fusion and
+compiler, its memory limits, its collectives over the chips' interconnect.
+
+Its process group, `tpu_dist` (TorchTPU's name, `TpuDistOverGloo`): a `torch.distributed` group of the device's own, as
+TorchTPU's is, which takes the device's tensors only and has no `ReduceOp.AVG` (TorchTPU's has none: FSDP2 is told to sum,
+then divide); its collectives are gloo's, run on host copies of the tensors, the results copied back to the device."""
 import os, sys, types, fcntl, hashlib, shutil, importlib.util
 from pathlib import Path
 import torch
+import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE/'eager_tpu_device.cpp'
@@ -63,6 +69,31 @@ def _launch_env(nproc_per_node:int):
     "What TorchTPU's `set_tpu_launch_env` does before `torchrun` starts its processes, here only noted (each replica sees tpu:0)."
     os.environ['EAGER_TPU_LAUNCH_NPROCS'] = str(nproc_per_node)
 
+class Stream:
+    "A stream of the device: one, in order (every op has finished when it returns), so there is nothing to wait for."
+    def __init__(self, device=None, priority:int=0): pass
+    def wait_stream(self, stream): pass
+    def wait_event(self, event): pass
+    def record_event(self, event=None): return event or Event()
+    def synchronize(self): pass
+    def query(self) -> bool: return True
+
+class Event:
+    "An event on the device's one stream: done when recorded."
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False): pass
+    def record(self, stream=None): return self
+    def wait(self, stream=None): pass
+    def synchronize(self): pass
+    def query(self) -> bool: return True
+
+_STREAM = Stream()
+
+class _StreamContext:
+    "`torch.tpu.stream(s)`: the device's one stream, whichever is named."
+    def __init__(self, stream): pass
+    def __enter__(self): return _STREAM
+    def __exit__(self, *exc): return False
+
 class _DeviceContext:
     "`torch.tpu.device(d)`: the device made current in a `with` (there is one)."
     def __init__(self, device): _one_device(device)
@@ -76,17 +107,49 @@ def device_module() -> types.ModuleType:
     def set_rng_state(state, device='tpu'): _one_device(device); _ops().set_rng_state(state)
     def manual_seed(seed): _ops().manual_seed(int(seed))
     m.__dict__.update(
-        is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
+        is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
         device=_DeviceContext, set_device=_one_device, synchronize=lambda device=None: None,   # (every op has finished when it returns)
         get_rng_state=get_rng_state, set_rng_state=set_rng_state,
         get_rng_state_all=lambda: [get_rng_state()], set_rng_state_all=lambda states: set_rng_state(states[0]),
         manual_seed=manual_seed, manual_seed_all=manual_seed, seed=lambda: _ops().seed(), seed_all=lambda: _ops().seed(),
         initial_seed=lambda: _ops().initial_seed(), _is_in_bad_fork=lambda: False,
         get_amp_supported_dtype=lambda: [torch.bfloat16, torch.float16],
-        ops_run=lambda: _ops().ops_run())   # (the ops its fallback ran in this process: work went through the device)
+        ops_run=lambda: _ops().ops_run(),   # (the ops its fallback ran in this process: work went through the device)
+        Stream=Stream, Event=Event, current_stream=lambda device=None: _STREAM, default_stream=lambda device=None: _STREAM,
+        stream=_StreamContext)
     m.distributed = types.ModuleType('torch.tpu.distributed')
     m.distributed.set_tpu_launch_env = _launch_env
     return m
+
+class TpuDistOverGloo(dist.ProcessGroup):
+    "`tpu_dist` of the eager test device: a process group of the device's own (its tensors only, no `ReduceOp.AVG`, as TorchTPU's), whose collectives gloo runs on host copies."
+    def __init__(self, store, rank:int, size:int, timeout):
+        super().__init__(rank, size)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout, opts._devices = timeout, [dist.ProcessGroupGloo.create_device(hostname='127.0.0.1')]   # (one host: loopback)
+        self.gloo = dist.ProcessGroupGloo(store, rank, size, opts)
+    def getBackendName(self): return 'tpu_dist'
+    group_name = property(lambda self: dist.distributed_c10d._world.pg_names[self])   # (as torch.distributed named it)
+    _device_types = property(lambda self: [torch.device('tpu')])   # (where torch.distributed puts an object collective's tensors)
+    def _host(self, x, copies:list, op:str):
+        "`x` (a tensor, or lists of them) as host copies, each noted with its device tensor in `copies`."
+        if isinstance(x, (list, tuple)): return [self._host(y, copies, op) for y in x]
+        if not isinstance(x, torch.Tensor): return x
+        if x.device.type != 'tpu':
+            raise ValueError(f"tpu_dist's {op} got a tensor on {x.device}: the device's process group takes the device's tensors")
+        copies.append((x, x.cpu())); return copies[-1][1]
+    def _run(self, op:str, *args):
+        copies = []
+        getattr(self.gloo, op)(*[self._host(a, copies, op) for a in args]).wait()
+        for on_device, on_host in copies: on_device.copy_(on_host)   # (inputs too: unchanged, or their own part of the output)
+        done = torch.futures.Future(); done.set_result(None)
+        return torch._C._distributed_c10d._create_work_from_future(done)
+
+for _op in ('allreduce', 'allreduce_coalesced', 'broadcast', 'allgather', '_allgather_base', 'reduce_scatter',
+            '_reduce_scatter_base', 'gather', 'scatter', 'reduce', 'alltoall_base', 'barrier'):
+    setattr(TpuDistOverGloo, _op, lambda self, *args, _op=_op, **kwargs: self._run(_op, *args, *kwargs.values()))
+TpuDistOverGloo.allgather_into_tensor_coalesced = lambda self, outs, ins, opts=None: [self._run('_allgather_base', o, i) for o, i in zip(outs, ins)][-1]
+TpuDistOverGloo.reduce_scatter_tensor_coalesced = lambda self, outs, ins, opts: [self._run('_reduce_scatter_base', o, i, opts) for o, i in zip(outs, ins)][-1]
 
 _registered = False
 def register():
@@ -102,6 +165,7 @@ def register():
     torch._register_device_module('tpu', module)
     sys.modules['torch.tpu.distributed'] = module.distributed
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    if 'tpu_dist' not in dist.Backend.backend_list: dist.Backend.register_backend('tpu_dist', TpuDistOverGloo, devices=['tpu'])
     os.environ[GATE] = '1'
     path = os.environ.get('PYTHONPATH', '')
     if str(HERE) not in path.split(os.pathsep): os.environ['PYTHONPATH'] = os.pathsep.join(p for p in (str(HERE), path) if p)

@@ -23,6 +23,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -363,6 +364,11 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&eager_tpu::run_on_host>()); }
+
+// an op without an autograd kernel of its own for this device (a library's custom op: FSDP2's `fsdp::all_gather_copy_in`)
+// goes through autograd's basic fallback, as PyTorch registers it for the CPU's and CUDA's autograd keys (not for
+// PrivateUse1's: a device registers its own, as TorchTPU and other out-of-tree devices do)
+TORCH_LIBRARY_IMPL(_, AutogradPrivateUse1, m) { m.fallback(torch::autograd::basicAutogradNotImplementedFallback()); }
 
 TORCH_LIBRARY(eager_tpu, m) {
   m.def("get_rng_state() -> Tensor", eager_tpu::get_rng_state);

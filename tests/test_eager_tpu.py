@@ -9,10 +9,12 @@ the build's refusal without a compiler, which runs wherever the device can be bu
 Covered on the device: tensors apart from the host, a host tensor mixed in refused; forward and backward of convolutions,
 BatchNorm and an LSTM equal to the CPU's; the device's own random generator; the native backend's choice of `tpu`, its
 refusal of `fork`, TorchTPU's launch environment set before replicas start, one process per device through
-`learn.launch` (two replicas meeting over gloo with host copies: the device has no process group of its own), the
+`learn.launch` (two replicas meeting over the device's own process group, `tpu_dist`, as on TorchTPU: the test device's
+runs gloo over host copies, takes device tensors alone and has no `ReduceOp.AVG`), the
 device's RNG state in a checkpoint's states, bf16 autocast, export and `get_preds`, the self-check; the README's vision
 recipe and a tabular learner against eager CPU, and compiled (`compile=True`: `aot_eager`) against uncompiled. `torchrun` on it: tests/test_torchrun.py (`[native-tpu]`). Not covered (what only a chip shows): asynchrony (every op of this device
-has finished when it returns), TorchTPU's precision of fp32 matmuls, its fusion and compiler, `tpu_dist` collectives."""
+has finished when it returns), TorchTPU's precision of fp32 matmuls, its fusion and compiler, its collectives over the
+chips' interconnect. Sharded models (FSDP2 over `tpu_dist`) on the device: tests/test_fsdp.py."""
 import os, sys, json, subprocess, importlib.util
 from pathlib import Path
 import pytest, torch
@@ -73,7 +75,7 @@ def test_the_native_backend_chooses_the_device_and_takes_its_tpu_paths():
     from fastai_xla.backend_native import Native, native_device_type, stand_in_tpu, _chip_replicas
     assert stand_in_tpu() and native_device_type() == 'tpu' and native_device_type('tpu') == 'tpu'
     native = Native()
-    assert native.runtime.device() == torch.device('tpu', 0) and native.process_group == 'gloo'   # (no `tpu_dist` here)
+    assert native.runtime.device() == torch.device('tpu', 0) and native.process_group == 'tpu_dist'   # (the test device's: tests/eager_tpu.py)
     launcher = native.launcher(Settings(rank=0, world_size=2, master_addr='127.0.0.1', master_port=1))
     with pytest.raises(ValueError, match="TorchTPU refuses `fork`: use start_method='spawn'"): launcher.start_method('fork', False)
     assert launcher.start_method('auto', False) == 'spawn'

@@ -13,12 +13,15 @@ learner's `export`, opened by `load_learner`: the plain model with the saved wei
 plain model and Adam's state whole on the CPU, validating as before and training on with fastai's own loop; bfloat16 (FSDP2's mixed precision)
 against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
 `learn.launch` of sharded replicas bringing the whole weights back.
-Not covered here: TorchTPU's `tpu_dist` and CUDA's nccl (no chip, no GPU: FSDP2's own code paths, the same calls); that
-the model never is whole on the device (sharded on the host, each unit moved as it is cut: on the CPU the host is the
-device, so only the master's weights reaching every replica's shards is tested, with 4 replicas of different first weights);
-the stand-in devices (torch_xla's `xla` and the eager `tpu` test device have no process group of their own kind, and
-`fsdp=` refuses them by name); a killed sharded run resumed under `--max-restarts` (the resume checkpoint is written and
-read by the same code as `learn.save`/`load`, tested here, but the kill itself is not)."""
+On the eager `tpu` test device (tests/eager_tpu.py: TorchTPU's kind of device, PyTorch's PrivateUse1, with a `tpu_dist`
+group of its own that takes device tensors alone and has no `ReduceOp.AVG`, its collectives gloo's over host copies): 2
+replicas, the tabular learner, the CNN's `fine_tune` and the transformer sharded against replicated, saves in the
+background, and 1 replica loading the 2 replicas' shards.
+Not covered here: TorchTPU's own `tpu_dist` over a chip's interconnect and CUDA's nccl (no chip; nccl on a lent GPU:
+scripts/native_gpu.sh); that the model never is whole on the device (sharded on the host, each unit moved as it is cut:
+only that the master's weights reach every replica's shards is tested, with 4 replicas of different first weights); on
+the eager device, 4 replicas and a killed run (tested on the CPU); torch_xla's `xla` stand-in (no process group of its
+own kind: `fsdp=` refuses it by name)."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest
@@ -125,6 +128,17 @@ if PHASE == 'train':
                               and all(t.shape == p.shape for p in learn.model.parameters() for t in learn.opt.state[p].values() if isinstance(t, torch.Tensor) and t.ndim))
     learn.fit(1, 1e-3)                                      # (fastai's own loop on the CPU, from the whole state)
     report['detached']['loss'] = float(learn.recorder.values[-1][1])
+elif PHASE == 'device':   # on the native device the test names (the eager `tpu` test device: its `tpu_dist`, gloo over host copies)
+    for name, make in (('tabular', tabular_digits_learner), ('vision fine_tune', digits_fine_tune_learner), ('transformer', digit_rows_learner)):
+        for fsdp in (None, True):
+            learn, report[f'{{name}} {{"sharded" if fsdp else "replicated"}}'] = trained(make, fsdp, fine_tune='fine_tune' in name)
+    import torch.distributed as dist
+    report['where'] = [str(learn.xla_run.device), dist.get_backend(), str(next(learn.model.parameters()).device)]
+    bg, seen = tabular_digits_learner(seed=0).to_tpu_distributed(seed=0, fsdp=True), Seen()
+    bg.fit(2, 1e-2, cbs=[BackgroundSaves(), SaveModelCallback(every_epoch=True, fname='bg'), seen])
+    report['background'] = [float((whole_weights(bg.load(f'bg_{{e}}')) - w).abs().max()) for e, w in enumerate(seen.weights)]
+    learn.save('sharded'); learn.save('whole', sharded=False); learn.export('sharded.pkl')   # (for the 'load' phase)
+    report['validated'] = [float(v) for v in learn.validate()]
 else:   # one replica, sharded, loads the 2 replicas' checkpoint; then a plain fastai learner on the CPU
     learn = digit_rows_learner().to_tpu_distributed(fsdp=True)
     learn.load('sharded')
@@ -217,6 +231,25 @@ def test_one_replica_shards_on_the_native_device(tmp_path):
     assert r['background'] == [0., 0.] and r['later'] == 0. and r['folders'] == ['bg_0 1', 'bg_1 1', 'later 1', 'sharded 1']
     assert r['detached']['state_whole'] and r['detached']['validated'] == pytest.approx(r['validated'], rel=1e-4)
     assert all(ip in ('127.0.0.1', '::1') for ip, _ in r['listening']), r['listening']
+
+def test_two_replicas_shard_on_the_eager_tpu_test_device(tmp_path):
+    """2 replicas on the eager `tpu` test device (tests/eager_tpu.py: TorchTPU's kind of device, and its process group
+    `tpu_dist`, whose collectives gloo runs over host copies, with no `ReduceOp.AVG` as TorchTPU's): the tabular learner, a
+    CNN's `fine_tune` and the transformer sharded train as replicated (FSDP2 over `tpu_dist`, summing, then dividing), each
+    replica holding at most 1/2 + 0.1 of the parameters and of Adam's state; saves in the background hold their epoch's
+    weights; 1 replica on the device loads the 2 replicas' sharded save, a plain fastai learner the whole one, both
+    validating as the 2 did, and `load_learner` opens the export. What it cannot show: TorchTPU's own collectives over the
+    chips' interconnect, and asynchrony (the test device has none)."""
+    device = dict(FASTAI_XLA_NATIVE_DEVICE='tpu', FASTAI_XLA_EAGER_TPU='1',
+                  PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get('PYTHONPATH', '')) if p))
+    reports = torchrun(tmp_path, 2, 'device', **device)
+    assert sorted(reports) == [0, 1]
+    for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
+    assert reports[0]['where'] == ['tpu:0', 'tpu_dist', 'tpu:0'], reports[0]['where']
+    for r in reports.values(): assert r['background'] == [0., 0.], r['background']
+    loaded = torchrun(tmp_path, 1, 'load', **device)[0]       # (1 replica on the device: DCP reshards the 2 replicas' shards)
+    for got in (loaded['validated'], loaded['plain']): assert got == pytest.approx(reports[0]['validated'], rel=1e-4)
+    assert loaded['exported'] == dict(cls='Sequential', same=True)
 
 def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path):
     """tests/test_torchrun.py's script sharded: `torchrun --max-restarts=1` with `ResumeCallback`, replica 1 SIGKILLed in epoch

@@ -16,8 +16,8 @@ from .settings import Settings
 __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_signals', 'joining_error', 'is_loopback',
            'listening_socket', 'meeting_store', 'private_prefix', 'key_secret', 'agent_secret', 'room',
            'check_exposure', 'links_on_loopback', 'gloo_options', 'loopback_interface', 'gloo_links_on_loopback',
-           'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port', 'reset_signals', 'named_signals',
-           'SignalNotice']
+           'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
+           'reset_signals', 'named_signals', 'SignalNotice']
 
 # %% ../nbs/00c_replicas.ipynb #51d1abe4
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -52,7 +52,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #e433ba15
+# %% ../nbs/00c_replicas.ipynb #920f4275
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -170,6 +170,11 @@ def gloo_links_on_loopback(s:Settings):
     finally:
         if before is None: os.environ.pop('GLOO_SOCKET_IFNAME', None)
         else: os.environ['GLOO_SOCKET_IFNAME'] = before
+
+def nccl_links_on_loopback(s:Settings):
+    "NCCL's sockets on loopback when `links_on_loopback(s)`: `NCCL_SOCKET_IFNAME` names the loopback interface in this process from now on (NCCL reads it when it first connects, at the group's first collective, after the group is made)."
+    name = loopback_interface()
+    if links_on_loopback(s) and name is not None: os.environ['NCCL_SOCKET_IFNAME'] = name
 
 # %% ../nbs/00c_replicas.ipynb #cbfb6a69
 class ProcessGroupCollectives(Collectives):

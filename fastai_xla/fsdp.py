@@ -87,7 +87,7 @@ def shard_units(model:nn.Module, policy=True, share:float=0.1) -> list:
     matches = policy or (lambda m: isinstance(m, classes))
     return [m for m in list(model.modules())[::-1] if m is not model and param_count(m) and matches(m)]
 
-# %% ../nbs/17_fsdp.ipynb #1ab30170
+# %% ../nbs/17_fsdp.ipynb #40dd920e
 def moved_unsharded(module:nn.Module, device, moved:dict|None=None):
     "Move `module`'s parameters and buffers that are not sharded yet (not DTensors) to `device`, each replaced by its copy there (a tensor tied in two places stays one: `moved`, by the tensor's id)."
     moved = {} if moved is None else moved
@@ -131,9 +131,15 @@ def reshard(model):
     for m in model.modules():
         if isinstance(m, FSDPModule): m.reshard()
 
+_ALONE = ("A sharded model (fsdp=) is whole on no replica: each of its forwards gathers every unit from every replica, so predict, "
+          "show_results and summary run on every replica together, as validate and get_preds do. To predict on one replica, "
+          "export the learner (`learn.export()` on every replica: a plain fastai learner) and predict with `load_learner`.")
+
 class ShardsKept(Callback):
-    "After an evaluation, each unit of a sharded model back to its shards: FSDP2 keeps the root unit gathered after a forward (for the backward that follows in training), and after validation none follows."
+    "The replicas of a sharded model evaluate together, met first (a forward needs every replica: one that predicts alone is told so); after an evaluation, each unit back to its shards: FSDP2 keeps the root unit gathered after a forward (for the backward that follows in training), and after validation none follows."
     order = 100
+    def before_validate(self):
+        if self.learn.xla_run.count > 1: self.learn.xla_run.meetings.meet('a forward of the sharded model (an evaluation)', _ALONE)
     def after_validate(self): reshard(self.model)
     def after_fit(self): reshard(self.model)
 

@@ -41,7 +41,7 @@ def _last_seen(store, rank:int) -> str:
     n, what = store.get(f'at/{rank}').decode().split('|', 1)
     return f'its last was #{n} ({what})'
 
-# %% ../nbs/00g_meetings.ipynb #1c63d628
+# %% ../nbs/00g_meetings.ipynb #7e7973f1
 class Meetings:
     "The meeting store of `run`'s replicas: they meet there before a collective (`meet`), vote (`vote`) and cancel a fit together (`cancel_everywhere`); its `supervisor` says how the run ended."
     def __init__(self, run):
@@ -83,34 +83,34 @@ class Meetings:
         self.supervisor.tell(message)
         raise ReplicasDiverged(message)
 
-    def _waiting(self, started:float, where:str, late):
-        "While this replica waits (since `started`) at `where`: raise on a failure told or a timeout (`late()` names who did not come); follow another replica's cancel."
+    def _waiting(self, started:float, where:str, late, advice:str=_advice):
+        "While this replica waits (since `started`) at `where`: raise on a failure told or a timeout (`late()` names who did not come, `advice` what to do); follow another replica's cancel."
         failure = self.supervisor.failure(waiting_since=started)
         if failure: raise ReplicasDiverged(f'While replica {self.run.ordinal} waited in {where}: {failure[1]}')
         self._follow_any_cancel()
         if time.monotonic() > started + self.run.timeout:
-            self._diverged(f"Replica {self.run.ordinal} waited {self.run.timeout:.0f} s (FASTAI_XLA_TIMEOUT) in {where}; {late()}. {_advice}")
+            self._diverged(f"Replica {self.run.ordinal} waited {self.run.timeout:.0f} s (FASTAI_XLA_TIMEOUT) in {where}; {late()}. {advice}")
 
-    def meet(self, what:str):
-        "Before the collective `what`: wait until every replica is at the same collective, else raise `ReplicasDiverged`."
+    def meet(self, what:str, advice:str=_advice):
+        "Before the collective `what`: wait until every replica is at the same collective, else raise `ReplicasDiverged` (saying `advice`)."
         if self.store is None or not self.run.together: return
         self.met += 1
-        try: self._in_room(lambda store: self._meet(store, self.met, what))
-        except _GoOnAnew: self.meet(what)      # (another replica cancelled a fit this one had ended: meet in the next generation)
+        try: self._in_room(lambda store: self._meet(store, self.met, what, advice))
+        except _GoOnAnew: self.meet(what, advice)   # (another replica cancelled a fit this one had ended: meet in the next generation)
 
-    def _meet(self, store, n:int, what:str):
+    def _meet(self, store, n:int, what:str, advice:str):
         rank, world = self.run.ordinal, self.run.count
         store.set(f'at/{rank}', f'{n}|{what}')
         store.set(f'{n}/{rank}', what)
         keys, started = [f'{n}/{r}' for r in range(world)], time.monotonic()
         late = lambda: '; '.join(f'replica {r} did not come: {_last_seen(store, r)}' for r in range(world) if not store.check([f'{n}/{r}']))
         while not store.check(keys):
-            self._waiting(started, f'collective #{n} ({what})', late)
+            self._waiting(started, f'collective #{n} ({what})', late, advice)
             time.sleep(0.01)
         whats = [store.get(k).decode() for k in keys]
         if len(set(whats)) > 1:
             self._diverged(f"Replicas are in different collectives at #{n}: "
-                           + ', '.join(f'replica {r} in {w}' for r, w in enumerate(whats)) + f'. {_advice}')
+                           + ', '.join(f'replica {r} in {w}' for r, w in enumerate(whats)) + f'. {advice}')
 
     def vote(self, yes:bool, what:str='a vote') -> bool:
         "Whether any replica says `yes`: every replica calls it at the same point; each gets the same answer."

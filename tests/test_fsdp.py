@@ -128,6 +128,10 @@ if PHASE == 'train':
                               and all(t.shape == p.shape for p in learn.model.parameters() for t in learn.opt.state[p].values() if isinstance(t, torch.Tensor) and t.ndim))
     learn.fit(1, 1e-3)                                      # (fastai's own loop on the CPU, from the whole state)
     report['detached']['loss'] = float(learn.recorder.values[-1][1])
+    if replica_ordinal() == 0:   # (last: the master predicts alone with the sharded learner: told, not left waiting)
+        bg.xla_run.settings = bg.xla_run.settings.with_(timeout=2)
+        try: bg.predict(bg.dls.valid_ds.items.iloc[0]); report['alone'] = None
+        except Exception as e: report['alone'] = f'{{type(e).__name__}}: {{e}}'
 elif PHASE == 'device':   # on the native device the test names (the eager `tpu` test device: its `tpu_dist`, gloo over host copies)
     for name, make in (('tabular', tabular_digits_learner), ('vision fine_tune', digits_fine_tune_learner), ('transformer', digit_rows_learner)):
         for fsdp in (None, True):
@@ -183,7 +187,8 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
     """2 replicas: the tabular learner, a CNN's `fine_tune` (frozen body, then discriminative rates; `GradientClip`) and the
     transformer, sharded and replicated, the same losses step by step (relative
     1e-3), each sharded replica holding at most 1/2 + 0.1 of the parameters and of Adam's state; the transformer's sharded
-    save, loaded by 1 sharded replica and by a plain fastai learner, validates to the 2 replicas' loss and accuracy."""
+    save, loaded by 1 sharded replica and by a plain fastai learner, validates to the 2 replicas' loss and accuracy; the
+    master's `predict` alone on a sharded learner is named after the timeout (with what to do), not left waiting."""
     reports = torchrun(tmp_path, 2, 'train')
     assert sorted(reports) == [0, 1]
     for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
@@ -192,6 +197,8 @@ def test_sharded_trains_as_replicated_holds_its_shards_and_saves_whole(tmp_path)
         d = r['detached']
         assert d['cls'] == 'Sequential' and d['state_whole'] and d['validated'] == pytest.approx(r['validated'], rel=1e-4), d
         assert d['loss'] < 2 * r['validated'][0], d
+    alone = reports[0]['alone']   # (the master's `predict` alone, on a sharded learner: named after the timeout, what to do said)
+    assert alone.startswith('ReplicasDiverged') and 'replica 1 did not come' in alone and 'whole on no replica' in alone, alone
     assert reports[0]['folders'] == ['bg_0 2', 'bg_1 2', 'later 2', 'sharded 2']   # (one folder a checkpoint, a file of shards per replica)
     for r in reports.values():   # (saved in the background: each checkpoint the weights of its epoch, named once written)
         assert r['background'] == [0., 0.] and r['later'] == 0. and not r['named before finished'], r

@@ -3,7 +3,8 @@
 
 What runs for real here: torch_xla's SPMD partitioner over 8 CPU devices, the batch split at
 transfer, the compiler-inserted gradient reduction (and, with `shard_params`, its all-gathers
-and reduce-scatters), fastai's loop, metrics, save/load and export. What does not: TPU
+and reduce-scatters), fastai's loop, metrics, save/load and export, a sharded run's folders of shards (loaded on another
+mesh, and resumed by `ResumeCallback` in a new process to the weights of a run never stopped). What does not: TPU
 hardware, and multi-host SPMD (one process per host of a pod), which needs several hosts."""
 import json, os, subprocess, sys
 import pytest
@@ -131,3 +132,46 @@ def test_sharded_parameters_train_like_replicated(tmp_path):
     assert loaded['valid'] == pytest.approx(fsdp['valid'], rel=1e-5) and loaded['opt'] == pytest.approx(fsdp['opt'], rel=1e-5)
     assert any(s.startswith('{devices=[8') for s in fsdp['opt_sharding']) and any(s.startswith('{devices=[4') for s in loaded['opt_sharding'])
     assert loaded['whole']['valid'] == pytest.approx(fsdp['valid'], rel=1e-5)
+
+RESUMED = '''
+import json, sys, torch
+from fastai.basics import *
+sys.path.insert(0, {tests!r})
+from helpers import *
+from fastai_xla.resume import ResumeCallback
+phase = {phase!r}
+
+class StopAfterFirstEpoch(Callback):
+    "A run stopped after its first epoch (after `ResumeCallback` wrote that epoch's checkpoint)."
+    order = 99
+    def after_epoch(self): raise CancelFitException()
+
+learn = digits_learner(seed=0)
+if phase == 'resumed':                                 # (another process, other first weights: all from the checkpoint)
+    torch.manual_seed(7)
+    for m in learn.model.modules():
+        if hasattr(m, 'reset_parameters'): m.reset_parameters()
+learn.to_tpu_spmd(seed=0, shard_params=True)
+start = learn.load_resume('run', missing_ok=True)
+cbs = [ResumeCallback('run')] + ([StopAfterFirstEpoch()] if phase == 'stopped' else [])
+with learn.no_bar(), learn.no_logging(): learn.fit(3, 1e-2, start_epoch=start, cbs=cbs)
+print('RESULT', json.dumps(dict(start=start, valid=[float(v) for v in learn.validate()],
+                                folders=sorted(p.name for p in (learn.path/learn.model_dir).glob('*.dcp')),
+                                weights=[float(to_host(p).double().abs().sum()) for p in learn.model.parameters()])))
+'''
+
+def test_a_sharded_spmd_run_stopped_resumes_to_the_weights_of_a_run_never_stopped(tmp_path):
+    """`to_tpu_spmd(shard_params=True)` with `ResumeCallback`: a 3-epoch run stopped after its first epoch (the resume
+    checkpoint a folder of each device's shards), then the same script in a new process (other first weights) resumes from
+    epoch 1 and ends with the validation and weights of the run never stopped (the same process kind, another folder)."""
+    def run_phase(folder, phase):
+        folder.mkdir(exist_ok=True)
+        r = subprocess.run([sys.executable, '-c', RESUMED.format(tests=os.path.dirname(__file__), phase=phase)], capture_output=True,
+                           text=True, cwd=folder, timeout=900, env={**os.environ, 'PJRT_DEVICE': 'CPU', 'CPU_NUM_DEVICES': '8'})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return json.loads([l for l in r.stdout.splitlines() if l.startswith('RESULT ')][-1][len('RESULT '):])
+    stopped = run_phase(tmp_path/'stopped', 'stopped')
+    assert stopped['start'] == 0 and len(stopped['folders']) == 1, stopped    # (the resume checkpoint: one folder of shards)
+    resumed, whole = run_phase(tmp_path/'stopped', 'resumed'), run_phase(tmp_path/'whole', 'whole')
+    assert resumed['start'] == 1 and whole['start'] == 0
+    assert resumed['valid'] == pytest.approx(whole['valid'], rel=1e-4) and resumed['weights'] == pytest.approx(whole['weights'], rel=1e-4)

@@ -12,7 +12,7 @@ background (`BackgroundSaves`, `dcp.async_save`) holding the weights of the epoc
 learner's `export`, opened by `load_learner`: the plain model with the saved weights; `detach_xla` on every replica: the
 plain model and Adam's state whole on the CPU, validating as before and training on with fastai's own loop; bfloat16 (FSDP2's mixed precision)
 against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` resumed from its folder of shards; a
-`learn.launch` of sharded replicas bringing the whole weights back.
+`learn.launch` of sharded replicas (saving in the background) bringing the whole weights back.
 On the eager `tpu` test device (tests/eager_tpu.py: TorchTPU's kind of device, PyTorch's PrivateUse1, with a `tpu_dist`
 group of its own that takes device tensors alone and has no `ReduceOp.AVG`, its collectives gloo's over host copies): 2
 replicas, the tabular learner, the CNN's `fine_tune` and the transformer sharded against replicated, saves in the
@@ -276,9 +276,12 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from helpers import *
 from fastai_xla.fsdp import holds_shards
-def train(learn):
-    learn.fit(1, 1e-2)
-    return dict(sharded=holds_shards(learn.model), validated=[float(v) for v in learn.validate()])
+from fastai_xla.checkpoint import BackgroundSaves
+def train(learn):   # (saving in the background, as a notebook's user might, in the launched replicas)
+    learn.fit(1, 1e-2, cbs=[BackgroundSaves(), SaveModelCallback(every_epoch=True, fname='bg')])
+    validated = [float(v) for v in learn.validate()]
+    learn.load('bg_0')
+    return dict(sharded=holds_shards(learn.model), validated=validated, reloaded=[float(v) for v in learn.validate()])
 learn = tabular_digits_learner(seed=0)
 out = learn.launch(train, nprocs=2, dl_kwargs=dict(fsdp=True))
 print(json.dumps(dict(out, back=[float(v) for v in learn.validate()], cls=type(learn.model).__name__)))
@@ -287,7 +290,7 @@ print(json.dumps(dict(out, back=[float(v) for v in learn.validate()], cls=type(l
 def test_a_launch_trains_sharded_and_brings_back_the_whole_weights(tmp_path):
     """`learn.launch(train, nprocs=2, dl_kwargs=dict(fsdp=True))`, as from a notebook: the replicas train sharded; the
     launching process's learner (fastai's, on the CPU) gets the whole weights (gathered by every replica, written by the
-    master) and validates as the replicas did."""
+    master) and validates as the replicas did; the replicas' checkpoint saved in the background loads to the same validation."""
     (tmp_path/'launch.py').write_text(LAUNCH.format(tests=str(TESTS)))
     r = subprocess.run([sys.executable, 'launch.py'], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={**os.environ, **NATIVE_CPU})
@@ -295,3 +298,4 @@ def test_a_launch_trains_sharded_and_brings_back_the_whole_weights(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out['sharded'] and out['cls'] == 'TabularModel'
     assert out['back'] == pytest.approx(out['validated'], rel=1e-5)
+    assert out['reloaded'] == pytest.approx(out['validated'], rel=1e-5)   # (the epoch's checkpoint, written in the background)

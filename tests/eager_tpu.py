@@ -16,8 +16,8 @@ What it is: an allocator of host memory handed out as the device's, a device gua
 hooks (available, a generator of its own), the kernels that make and view tensors, and a fallback that runs every other
 op with its host kernel on host views of the device's memory. What a real device refuses, it refuses: an op mixing a
 device tensor with a host tensor (other than a 0-dim scalar) raises "Expected all tensors to be on the same device".
-What it cannot show: asynchrony (every op has finished when it returns: its streams and events, which FSDP2 asks the
-device's module for, have nothing to wait for, as the CPU's), TorchTPU's precision of fp32 matmuls, its fusion and
+What it cannot show: asynchrony (every op has finished when it returns: its streams, PyTorch's `torch.Stream` and
+`torch.Event` of the device, which FSDP2 uses, have nothing to wait for), TorchTPU's precision of fp32 matmuls, its fusion and
 compiler, its memory limits, its collectives over the chips' interconnect.
 
 Its process group, `tpu_dist` (TorchTPU's name, `TpuDistOverGloo`): a `torch.distributed` group of the device's own, as
@@ -69,30 +69,15 @@ def _launch_env(nproc_per_node:int):
     "What TorchTPU's `set_tpu_launch_env` does before `torchrun` starts its processes, here only noted (each replica sees tpu:0)."
     os.environ['EAGER_TPU_LAUNCH_NPROCS'] = str(nproc_per_node)
 
-class Stream:
-    "A stream of the device: one, in order (every op has finished when it returns), so there is nothing to wait for."
-    def __init__(self, device=None, priority:int=0): pass
-    def wait_stream(self, stream): pass
-    def wait_event(self, event): pass
-    def record_event(self, event=None): return event or Event()
-    def synchronize(self): pass
-    def query(self) -> bool: return True
+def Stream(device=None, priority:int=0) -> torch.Stream:
+    "`torch.tpu.Stream()`: PyTorch's `torch.Stream` of the device, whose one stream is always idle (the device's guard)."
+    _one_device(device); return torch.Stream('tpu', priority=priority)
 
-class Event:
-    "An event on the device's one stream: done when recorded."
-    def __init__(self, enable_timing=False, blocking=False, interprocess=False): pass
-    def record(self, stream=None): return self
-    def wait(self, stream=None): pass
-    def synchronize(self): pass
-    def query(self) -> bool: return True
+def Event(enable_timing=False, blocking=False, interprocess=False) -> torch.Event:
+    "`torch.tpu.Event()`: PyTorch's `torch.Event` of the device, reached as soon as it is recorded."
+    return torch.Event('tpu', enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
 
-_STREAM = Stream()
-
-class _StreamContext:
-    "`torch.tpu.stream(s)`: the device's one stream, whichever is named."
-    def __init__(self, stream): pass
-    def __enter__(self): return _STREAM
-    def __exit__(self, *exc): return False
+def _current_stream(device=None) -> torch.Stream: _one_device(device); return torch.accelerator.current_stream(torch.device('tpu', 0))
 
 class _DeviceContext:
     "`torch.tpu.device(d)`: the device made current in a `with` (there is one)."
@@ -115,8 +100,8 @@ def device_module() -> types.ModuleType:
         initial_seed=lambda: _ops().initial_seed(), _is_in_bad_fork=lambda: False,
         get_amp_supported_dtype=lambda: [torch.bfloat16, torch.float16],
         ops_run=lambda: _ops().ops_run(),   # (the ops its fallback ran in this process: work went through the device)
-        Stream=Stream, Event=Event, current_stream=lambda device=None: _STREAM, default_stream=lambda device=None: _STREAM,
-        stream=_StreamContext)
+        Stream=Stream, Event=Event, current_stream=_current_stream, default_stream=_current_stream,
+        stream=lambda stream: stream)   # (`with torch.tpu.stream(s)`: a `torch.Stream` is its own context)
     m.distributed = types.ModuleType('torch.tpu.distributed')
     m.distributed.set_tpu_launch_env = _launch_env
     return m

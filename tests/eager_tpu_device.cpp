@@ -50,7 +50,8 @@ struct DeviceAllocator final : c10::Allocator {
 DeviceAllocator allocator;
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &allocator);
 
-// ---- the device guard: one device, one stream; nothing to wait for ----
+// ---- the device guard: one device, one stream; nothing to wait for (every op has finished when it returns: a stream is
+// always idle, an event always reached; PyTorch's `torch.Stream` and `torch.Event` of the device run on these) ----
 struct DeviceGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kDevice; }
   c10::Device exchangeDevice(c10::Device d) const override { check(d); return kDevice0; }
@@ -59,6 +60,15 @@ struct DeviceGuard final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device) const noexcept override {}
   c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
   c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
   void synchronizeDevice(const c10::DeviceIndex) const override {}
   static void check(c10::Device d) {

@@ -160,6 +160,9 @@ Path(f'report-{{replica_ordinal()}}.json').write_text(json.dumps(report))
 '''
 
 NATIVE_CPU = {'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'cpu', 'PJRT_DEVICE': 'CPU'}
+# the eager `tpu` test device (tests/eager_tpu.py), loaded at `import torch` in every process torchrun starts
+EAGER_TPU = dict(FASTAI_XLA_NATIVE_DEVICE='tpu', FASTAI_XLA_EAGER_TPU='1',
+                 PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get('PYTHONPATH', '')) if p))
 
 def torchrun(folder, nproc, phase, **env):
     folder.mkdir(exist_ok=True)
@@ -247,22 +250,21 @@ def test_two_replicas_shard_on_the_eager_tpu_test_device(tmp_path):
     weights; 1 replica on the device loads the 2 replicas' sharded save, a plain fastai learner the whole one, both
     validating as the 2 did, and `load_learner` opens the export. What it cannot show: TorchTPU's own collectives over the
     chips' interconnect, and asynchrony (the test device has none)."""
-    device = dict(FASTAI_XLA_NATIVE_DEVICE='tpu', FASTAI_XLA_EAGER_TPU='1',
-                  PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get('PYTHONPATH', '')) if p))
-    reports = torchrun(tmp_path, 2, 'device', **device)
+    reports = torchrun(tmp_path, 2, 'device', **EAGER_TPU)
     assert sorted(reports) == [0, 1]
     for name in ('tabular', 'vision fine_tune', 'transformer'): check_sharded_like_replicated(reports[0], name, 2)
     assert reports[0]['where'] == ['tpu:0', 'tpu_dist', 'tpu:0'], reports[0]['where']
     for r in reports.values(): assert r['background'] == [0., 0.], r['background']
-    loaded = torchrun(tmp_path, 1, 'load', **device)[0]       # (1 replica on the device: DCP reshards the 2 replicas' shards)
+    loaded = torchrun(tmp_path, 1, 'load', **EAGER_TPU)[0]       # (1 replica on the device: DCP reshards the 2 replicas' shards)
     for got in (loaded['validated'], loaded['plain']): assert got == pytest.approx(reports[0]['validated'], rel=1e-4)
     assert loaded['exported'] == dict(cls='Sequential', same=True)
 
-def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path):
+@pytest.mark.parametrize('device', ['cpu', 'tpu'])
+def test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped(tmp_path, device):
     """tests/test_torchrun.py's script sharded: `torchrun --max-restarts=1` with `ResumeCallback`, replica 1 SIGKILLed in epoch
     1; the new attempt loads the sharded run's resume checkpoint of epoch 0 (every replica its shards of it) and ends with
-    the weights of a sharded run never stopped."""
-    env = {**NATIVE_CPU, 'TEST_FSDP': '1'}
+    the weights of a sharded run never stopped. On the CPU (gloo) and on the eager `tpu` test device (its `tpu_dist`)."""
+    env = {**NATIVE_CPU, 'TEST_FSDP': '1', **(EAGER_TPU if device == 'tpu' else {})}
     (tmp_path/'killed').mkdir(); (tmp_path/'whole').mkdir()
     r, killed, _ = elastic_run(tmp_path/'killed', '--standalone', '--nproc-per-node=2', '--max-restarts=1', kill=True, resume=True, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -611,7 +611,7 @@ def is_xla_learner(learn) -> bool:
     "Does `learn` train on XLA (is it an XLA learner, see `to_xla`)?"
     return isinstance(learn, XLAVersion) and 'xla_run' in learn.__dict__
 
-# %% ../nbs/03_callback.ipynb #f2e34dad
+# %% ../nbs/03_callback.ipynb #254a068a
 @delegates(XLADataLoader.__init__)
 def xla_dataloaders(dls, device=None, rank:int=0, world_size:int=1, seed:int|None=None, **kwargs):
     "A copy of the fastai `DataLoaders` `dls` whose loaders are `XLADataLoader`s."
@@ -648,8 +648,8 @@ def make_xla_learner(learn:Learner,
     for cb in learn.cbs.filter(lambda c: type(c) is CastToTensor): changes.remove_cb(cb); changes.add_cb(CastToPlainTensor())
     for setup in learner_setups: setup(learn)           # the features' own (XLA's mixed precision, diagnostics)
     become_xla_objects(learn)
+    changes.moved(learn.model)   # (noted first, so undone last: a sharded model is made whole, then brought to the host)
     moved = place_model(learn, device) if place_model is not None else move_model(learn.model, device)
-    changes.moved(learn.model)
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
     if compiled: compile_model(learn, compiled)
     return learn

@@ -81,6 +81,10 @@ SLOW = {
                                 "the mixed loss): the [CutMix] case",
                                 'test_training_feature_learns_like_eager_and_stays_steady[label smoothing]': "a loss function of fastai's "
                                 "on the device (a plain function of the outputs, compiled into the step): the [CutMix] case's mixed loss"},
+    'test_fsdp.py': {'test_four_replicas_hold_a_quarter_and_listen_on_loopback_alone[tpu]': "sharding over the eager device's "
+                     "tpu_dist: test_two_replicas_shard_on_the_eager_tpu_test_device; 4 replicas: the [cpu] case",
+                     'test_a_sharded_run_killed_under_max_restarts_ends_with_the_weights_of_a_run_never_stopped[tpu]': "the "
+                     "sharded resume: the [cpu] case; sharded saves and loads on the device: test_two_replicas_shard_on_the_eager_tpu_test_device"},
     'test_replicas.py': {'test_segmentation_metrics_summed_over_two_replicas_equal_one_device': "replicas' exact metrics: test_metrics_equal_one_device_for_the_same_weights; segmentation metrics: nbs/02b_metrics"},
     'test_single_device.py': {f'test_no_hyper_parameter_value_compiles_late[{k}]': 'the sweep\'s other cases, and test_fastai_schedules_compile_in_the_first_epoch_only'
                               for k in ('wd0.0-fit_one_cycle-0', 'wd0.0001-fit_flat_cos-1', 'wd0.1-fit_one_cycle-3', 'wd0.1-fit_flat_cos-5', 'wd1.0-fit_one_cycle-4')},

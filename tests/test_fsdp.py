@@ -16,12 +16,12 @@ against autocast replicated; a sharded run SIGKILLed under `--max-restarts=1` re
 On the eager `tpu` test device (tests/eager_tpu.py: TorchTPU's kind of device, PyTorch's PrivateUse1, with a `tpu_dist`
 group of its own that takes device tensors alone and has no `ReduceOp.AVG`, its collectives gloo's over host copies): 2
 replicas, the tabular learner, the CNN's `fine_tune` and the transformer sharded against replicated, saves in the
-background, and 1 replica loading the 2 replicas' shards.
+background, and 1 replica loading the 2 replicas' shards; with `bash scripts/test.sh --all` (tests/conftest.py's SLOW), 4
+replicas and the SIGKILLed run there too.
 Not covered here: TorchTPU's own `tpu_dist` over a chip's interconnect and CUDA's nccl (no chip; nccl on a lent GPU:
 scripts/native_gpu.sh); that the model never is whole on the device (sharded on the host, each unit moved as it is cut:
-only that the master's weights reach every replica's shards is tested, with 4 replicas of different first weights); on
-the eager device, 4 replicas and a killed run (tested on the CPU); torch_xla's `xla` stand-in (no process group of its
-own kind: `fsdp=` refuses it by name)."""
+only that the master's weights reach every replica's shards is tested, with 4 replicas of different first weights);
+torch_xla's `xla` stand-in (no process group of its own kind: `fsdp=` refuses it by name)."""
 import json, os, subprocess, sys
 from pathlib import Path
 import pytest

@@ -15,14 +15,15 @@ from .backend import runtime_of
 
 # %% auto #0
 __all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'local_shard', 'like_param', 'picked', 'replaced',
-           'GroupStep', 'SentNumbers', 'stand_in', 'step_groups', 'add_each', 'lerp_each', 'decay_group', 'l2_group',
-           'average_grad_group', 'average_sqr_grad_group', 'step_stat_group', 'sgd_group', 'momentum_group',
-           'rms_prop_group', 'by_step', 'debiased_by_step', 'adam_group', 'radam_group', 'qhadam_group', 'lamb_group',
-           'decay_weights', 'grouped_twin', 'GroupedOptimizer', 'can_group', 'torch_adam_group', 'torch_sgd_group',
-           'OutOfPlaceStep', 'OutOfPlaceAdam', 'OutOfPlaceAdamW', 'OutOfPlaceSGD', 'out_of_place_twin',
-           'prefer_foreach', 'xla_optimizer', 'fastai_optimizer', 'radam_rectifies', 'step_phase']
+           'GroupStep', 'SentNumbers', 'kind_of', 'stand_in', 'rehearsed', 'step_groups', 'add_each', 'lerp_each',
+           'decay_group', 'l2_group', 'average_grad_group', 'average_sqr_grad_group', 'step_stat_group', 'sgd_group',
+           'momentum_group', 'rms_prop_group', 'by_step', 'debiased_by_step', 'adam_group', 'radam_group',
+           'qhadam_group', 'lamb_group', 'decay_weights', 'grouped_twin', 'GroupedOptimizer', 'can_group',
+           'torch_adam_group', 'torch_sgd_group', 'OutOfPlaceStep', 'OutOfPlaceAdam', 'OutOfPlaceAdamW',
+           'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
+           'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #a0048f89
+# %% ../nbs/02a_optimizer.ipynb #d19d2bcd
 def local_shard(t):
     "This replica's own part of `t`: the local shard of a sharded tensor (FSDP2's parameters and gradients are `DTensor`s), any other tensor (or None) as it is."
     return t.to_local() if isinstance(t, DTensor) else t
@@ -92,23 +93,34 @@ class SentNumbers:
         self.values = []                                   # (the order is lost: every later number on its own too)
         return torch.tensor([x], dtype=torch.float32, device=self.device).view(())
 
+def kind_of(state:dict) -> tuple:
+    "What of a parameter's optimizer state can change its step's operations: the state's keys, its step count, its weight decay."
+    return (tuple(sorted(state)), int(state.get('step', 0)), state.get('do_wd', True))
+
 def stand_in(ps:list, states:list) -> tuple:
-    "`(params, states)`: the group as its step's numbers see it, on the host: one 0-dim tensor for each kind of parameter (its state's keys, step count, weight decay), with a copy of its state."
+    "`(params, states)`: the group as its step's numbers see it, on the host: one 0-dim tensor for each kind of parameter (`kind_of`), with a copy of its state."
     kinds = {}
     for s in states:
-        kind = (tuple(sorted(s)), int(s.get('step', 0)), s.get('do_wd', True))
+        kind = kind_of(s)
         if kind not in kinds: kinds[kind] = {k: torch.zeros(()) if isinstance(v, torch.Tensor) and k != 'step' else v for k, v in s.items()}
     params = [torch.zeros((), requires_grad=True) for _ in kinds]
     for p in params: p.grad = torch.zeros(())
     return params, list(kinds.values())
 
-def step_groups(groups:list, update):
-    "Step each `(params, states, hyper)` of `groups` with `update(GroupStep, hyper)`; on a lazy device, a rehearsal on the host first lists every number of the step, sent then in one transfer."
+def rehearsed(groups:list, update) -> tuple:
+    "`(numbers, states)`: the step of `groups` rehearsed on their stand-ins: every number it uses, in order, and each group's stand-in states after it (their step counts moved on)."
+    values, after = [], []
+    for ps, states, hyper in groups:
+        params, kinds = stand_in(ps, states)
+        update(GroupStep(params, kinds, lambda x: values.append(float(x)) or float(x)), hyper)
+        after.append(kinds)
+    return values, after
+
+def step_groups(groups:list, update, compiled=None):
+    "Step each `(params, states, hyper)` of `groups` with `update(GroupStep, hyper)`; on a lazy device, a rehearsal on the host first lists every number of the step, sent then in one transfer; `compiled(groups, update)` steps them instead where it can (True: `16_compile`'s `CompiledSteps`)."
     device, number = groups[0][0][0].device, float
-    if device.type == 'xla':
-        values = []
-        for ps, states, hyper in groups: update(GroupStep(*stand_in(ps, states), lambda x: values.append(float(x)) or float(x)), hyper)
-        number = SentNumbers(values, device)
+    if compiled is not None and compiled(groups, update): return
+    if device.type == 'xla': number = SentNumbers(rehearsed(groups, update)[0], device)
     for ps, states, hyper in groups:
         g = GroupStep(ps, states, number)
         update(g, hyper)
@@ -243,7 +255,7 @@ def decay_weights(p, lr, wd, do_wd=True, **kwargs):
     "fastai's decoupled weight decay, `p*(1 - lr*wd)`, as `p - (lr*wd)*p`: no Python number that rounds to 1 on the device."
     if do_wd and wd != 0: p.data.add_(p.data, alpha=-lr*wd)
 
-# %% ../nbs/02a_optimizer.ipynb #8b098afe
+# %% ../nbs/02a_optimizer.ipynb #0bdb85ce
 grouped_twins = {weight_decay: decay_group, decay_weights: decay_group, l2_reg: l2_group,
                  average_grad: average_grad_group, average_sqr_grad: average_sqr_grad_group, step_stat: step_stat_group,
                  sgd_step: sgd_group, momentum_step: momentum_group, rms_prop_step: rms_prop_group, adam_step: adam_group,
@@ -265,7 +277,7 @@ class GroupedOptimizer(Optimizer):
             for twin, kw in twins: twin(g, **{**kw, **hyper})
         groups = [([p for p in pg if p.grad is not None], hyper) for pg, hyper in zip(self.param_lists, self.hypers)]
         groups = [(ps, [self.state[p] for p in ps], hyper) for ps, hyper in groups if ps]
-        if groups: step_groups(groups, update)
+        if groups: step_groups(groups, update, getattr(self, 'compiled_steps', None))
 
     def zero_grad(self):
         for pg in self.param_lists:

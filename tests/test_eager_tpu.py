@@ -127,11 +127,12 @@ def test_the_readme_recipe_and_tabular_learn_like_eager_cpu(tmp_path):
 def test_compiled_steps_learn_like_eager_ones_and_compile_in_the_first_epoch_alone(tmp_path):
     """`compile=True` on the device (16_compile): `aot_eager`, the stand-in having no code generator (AOTAutograd's graphs,
     forward and backward, run by the device's kernels): the README's recipe and a tabular learner train to the accuracy of
-    their uncompiled fit on the device, dynamo compiles in the first epoch alone, with no graph break in fastai's models."""
+    their uncompiled fit on the device, dynamo compiles in the first epoch alone, with no graph break in fastai's models;
+    the optimizer's step is compiled too (its numbers sent to the device as one tensor)."""
     for make in (readme_recipe(tmp_path), tabular_digits_learner):
         eager = make().to_tpu_distributed(backend='native', seed=0); eager.fit_one_cycle(2, 3e-3)
         compiled = make().to_tpu_distributed(backend='native', seed=0, compile=True); compiled.fit_one_cycle(2, 3e-3)
-        assert compiled.xla_compile_options['backend'] == 'aot_eager'
+        assert compiled.xla_compile_options['backend'] == 'aot_eager' and compiled.opt.compiled_steps.graphs
         fits = [r for r in compiled.xla_diagnostics.epochs if r['kind'] == 'fit']
         assert fits[0]['compiles'] > 0 and fits[1]['compiles'] == 0 and sum(r['graph_breaks'] for r in fits) == 0, fits
         acc_eager, acc_compiled = final(eager, 'accuracy'), final(compiled, 'accuracy')

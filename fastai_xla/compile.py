@@ -50,7 +50,7 @@ def compile_model(learn, options:dict):
     learn.xla_changes.set(learn, 'xla_compile_options', options)
     return learn
 
-# %% ../nbs/16_compile.ipynb #a701d2cd
+# %% ../nbs/16_compile.ipynb #0ad5f61c
 class OpsNamed(TorchFunctionMode):
     "The names of the torch functions called under it, in order: what a rehearsed step did."
     def __init__(self): super().__init__(); self.names = []
@@ -76,15 +76,17 @@ def bookkeeping(state:dict) -> dict:
 def state_tensors(state:dict) -> dict: return {k: v for k, v in state.items() if k not in bookkeeping(state)}
 
 def stepped_tensors(update, books:list, hypers:list, params:list, tensors:list, numbers:torch.Tensor) -> list:
-    "Step each group's `params` with `update` from the state `tensors` and the step's `numbers`, deciding as the step the graph was traced from did (its `books`, `hypers`): the new state tensors."
-    number, new = NumbersInOrder(numbers), []
+    "Step each group's `params` with `update` from the state `tensors` and the step's `numbers`, deciding as the step the graph was traced from did (its `books`, `hypers`): the state tensors written in place, and those it started (none, but in a rare structure)."
+    number, started = NumbersInOrder(numbers), []
     for ps, bs, ts, hyper in zip(params, books, tensors, hypers):
         states = [dict(b, **t) for b, t in zip(bs, ts)]
         g = GroupStep(ps, states, number)
         update(g, hyper)
         g.finish()
-        new.append([state_tensors(s) for s in states])
-    return new
+        kept = [(t[k], s[k]) for t, s in zip(ts, states) for k in t if s[k] is not t[k]]
+        if kept: torch._foreach_copy_([old for old, _ in kept], [new for _, new in kept])
+        started.append([{k: v for k, v in state_tensors(s).items() if k not in t} for s, t in zip(states, ts)])
+    return started
 
 class CompiledSteps:
     "A grouped optimizer's steps through `torch.compile` (with `options`): one graph per structure of step seen twice (see above)."

@@ -73,7 +73,10 @@ SLOW = {
                      'test_sharded_parameters_train_like_replicated': 'shard_params: nbs/08_spmd'},
     'test_pod.py': {'*': "replicas' local ranks, shards, checkpoints and resume: test_replicas.py, test_checkpoint.py "
                          "(each host writes its own checkpoint), test_preemption.py"},
-    'test_applications.py': {'test_image_folder_with_aug_transforms_on_two_replicas': 'device batch transforms: [on_the_device]; replicas: test_replicas.py',
+    'test_applications.py': {'test_progressive_resizing_trains_like_eager[launched]': "new loaders between fits: the [one device] "
+                             "case and test_single_device.py's test of `learn.dls = other`; each replica's shard of them: `keep_on_xla` "
+                             "(nbs/03_callback) wraps them with the run's ordinal and count as `to_xla` does (test_replicas.py's shards)",
+                             'test_image_folder_with_aug_transforms_on_two_replicas': 'device batch transforms: [on_the_device]; replicas: test_replicas.py',
                              'test_segmentation_with_augmentation_and_dice': "masks warped with their images on the device, as fastai "
                              "does on the CPU: nbs/12_augment; DiceMulti counted on the device, exact: nbs/02b_metrics; a recipe "
                              "trained with aug_transforms on the device: test_image_folder_with_aug_transforms_on_the_device"},

@@ -23,7 +23,7 @@ __all__ = ['grouped_twins', 'out_of_place_twins', 'in_place_twins', 'local_shard
            'OutOfPlaceSGD', 'out_of_place_twin', 'prefer_foreach', 'xla_optimizer', 'fastai_optimizer',
            'radam_rectifies', 'step_phase']
 
-# %% ../nbs/02a_optimizer.ipynb #d19d2bcd
+# %% ../nbs/02a_optimizer.ipynb #8de1e477
 def local_shard(t):
     "This replica's own part of `t`: the local shard of a sharded tensor (FSDP2's parameters and gradients are `DTensor`s), any other tensor (or None) as it is."
     return t.to_local() if isinstance(t, DTensor) else t
@@ -98,23 +98,26 @@ def kind_of(state:dict) -> tuple:
     return (tuple(sorted(state)), int(state.get('step', 0)), state.get('do_wd', True))
 
 def stand_in(ps:list, states:list) -> tuple:
-    "`(params, states)`: the group as its step's numbers see it, on the host: one 0-dim tensor for each kind of parameter (`kind_of`), with a copy of its state."
-    kinds = {}
+    "`(params, states, where)`: the group as its step's numbers see it, on the host: one 0-dim tensor for each kind of parameter (`kind_of`), with a copy of its state; `where`, each parameter's kind (its index)."
+    index, copies, where = {}, [], []
     for s in states:
         kind = kind_of(s)
-        if kind not in kinds: kinds[kind] = {k: torch.zeros(()) if isinstance(v, torch.Tensor) and k != 'step' else v for k, v in s.items()}
-    params = [torch.zeros((), requires_grad=True) for _ in kinds]
+        if kind not in index:
+            index[kind] = len(copies)
+            copies.append({k: torch.zeros(()) if isinstance(v, torch.Tensor) and k != 'step' else v for k, v in s.items()})
+        where.append(index[kind])
+    params = [torch.zeros((), requires_grad=True) for _ in copies]
     for p in params: p.grad = torch.zeros(())
-    return params, list(kinds.values())
+    return params, copies, where
 
 def rehearsed(groups:list, update) -> tuple:
-    "`(numbers, states)`: the step of `groups` rehearsed on their stand-ins: every number it uses, in order, and each group's stand-in states after it (their step counts moved on)."
-    values, after = [], []
+    "`(numbers, states, where)`: the step of `groups` rehearsed on their stand-ins: every number it uses, in order, each group's stand-in states after it (their step counts moved on), and which of them stands for each parameter."
+    values, after, wheres = [], [], []
     for ps, states, hyper in groups:
-        params, kinds = stand_in(ps, states)
+        params, kinds, where = stand_in(ps, states)
         update(GroupStep(params, kinds, lambda x: values.append(float(x)) or float(x)), hyper)
-        after.append(kinds)
-    return values, after
+        after.append(kinds); wheres.append(where)
+    return values, after, wheres
 
 def step_groups(groups:list, update, compiled=None):
     "Step each `(params, states, hyper)` of `groups` with `update(GroupStep, hyper)`; on a lazy device, a rehearsal on the host first lists every number of the step, sent then in one transfer; `compiled(groups, update)` steps them instead where it can (True: `16_compile`'s `CompiledSteps`)."

@@ -241,7 +241,7 @@ class ModelSharded(Change):
     def undo(self, learn, moves):
         if moves: whole_again(learn)
 
-# %% ../nbs/17_fsdp.ipynb #5d9a72e6
+# %% ../nbs/17_fsdp.ipynb #66b62a88
 _PATHS = ('PosixPath', 'WindowsPath', 'PurePosixPath', 'PureWindowsPath')   # (in `pathlib`, or `pathlib._local` from Python 3.13)
 _METADATA_NAMES = {('torch', 'Size'), ('torch.serialization', '_get_layout'), ('torch.distributed.checkpoint.filesystem', '_StorageInfo'),
                    *((m, p) for m in ('pathlib', 'pathlib._local') for p in _PATHS)}
@@ -267,6 +267,10 @@ class CheckedReader(FileSystemReader):
         if not path.exists(): raise FileNotFoundError(f"{self.path} is not a whole torch.distributed.checkpoint folder: it has no .metadata")
         with open(path, 'rb') as f: metadata = _MetadataUnpickler(f).load()
         if not isinstance(metadata, Metadata): raise pickle.UnpicklingError(f"{path} holds no torch.distributed.checkpoint metadata")
+        for info in (getattr(metadata, 'storage_data', None) or {}).values():   # (DCP opens each piece's file by this name)
+            name = getattr(info, 'relative_path', None)
+            if not (isinstance(name, str) and name not in ('', '.', '..') and '/' not in name and '\\' not in name):
+                raise pickle.UnpicklingError(f"{path} places a piece of the checkpoint in {name!r}, which is not a file of its folder: refused")
         if getattr(metadata, 'storage_meta', None) is None: metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
@@ -329,7 +333,8 @@ def state_to_load(learn, metadata:Metadata, with_opt:bool=True) -> dict:
     "`sharded_state(learn)` with a place for each optimizer state the checkpoint `metadata` holds (the optimizer made where it has none)."
     with_opt = with_opt and any(k.startswith('opt.') for k in metadata.state_dict_metadata)
     if with_opt and getattr(learn, 'opt', None) is None: learn.create_opt()
-    state = sharded_state(learn, with_opt)
+    state, io = sharded_state(learn, with_opt), sharded_checkpoints(learn)
+    state['model'] = {k: io.place_like(v) if isinstance(v, torch.Tensor) else v for k, v in state['model'].items()}   # (new tensors: see below)
     if not with_opt: return state
     params, states = opt_params(learn.opt), state['opt']['state']
     for key, md in metadata.state_dict_metadata.items():
@@ -338,7 +343,7 @@ def state_to_load(learn, metadata:Metadata, with_opt:bool=True) -> dict:
         i, name = int(parts[2]), parts[3]
         if isinstance(md, TensorStorageMetadata):
             p = params[i]
-            place = (sharded_checkpoints(learn).place_like(p) if tuple(md.size) == tuple(p.shape)
+            place = (io.place_like(p) if tuple(md.size) == tuple(p.shape)
                      else torch.empty(tuple(md.size), dtype=md.properties.dtype))   # (torch's step counts: on the host)
         else: place = None                                                          # (a number: DCP puts it there)
         (states[i] if isinstance(states, list) else states.setdefault(i, {}))[name] = place

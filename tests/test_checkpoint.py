@@ -149,3 +149,34 @@ def test_a_rerun_with_the_same_seed_loads_its_own_checkpoint(tmp_path):
     first, second = ([float(tmp_path.joinpath(f'sum-{lr}-{r}').read_text()) for r in (0, 1)] for lr in (1e-2, 5e-2))
     assert first[0] == first[1] and second[0] != first[0]
     assert second[1] == second[0], f'replica 1 loaded {second[1]}, the master saved {second[0]} (the first run saved {first[0]})'
+
+def test_a_damaged_sharded_checkpoint_is_refused_whole_and_a_full_disk_leaves_no_half_folder(tmp_path, tiny_disk):
+    """A sharded checkpoint (FSDP2, one replica on the native backend on the CPU; tests/sharded_checkpoint_faults.py): a shard
+    file cut short, 1 KB of it changed, or swapped for epoch 1's: `CheckpointDamaged` naming the file, before the model
+    changes (its weights as they were); the file put back: the saved weights. Another model's load (a size mismatch, found
+    after DCP planned the read) leaves the weights as they were. A checkpoint without digests (an earlier fastai_xla) loads
+    with a warning; its folder gone: named. A folder a killed save left (no file names it, older than the run) goes at the
+    next save of that name; one written since the run started stays. On a real 256 KiB file system: a save (and a background
+    save) that does not fit is an `OSError` naming the folder and saying the last checkpoint is kept; no half folder stays,
+    and the last whole checkpoint loads to its weights."""
+    from test_security import sharded_checkpoint_faults
+    r = sharded_checkpoint_faults(tmp_path, 'damaged,full', tiny_disk)
+    assert r['cut short'].startswith('CheckpointDamaged: ') and '__0_0.distcp has' in r['cut short'] and 'cut short' in r['cut short'], r
+    for case in ('1 KB changed', 'swapped for epoch 1'):
+        assert r[case].startswith('CheckpointDamaged: ') and 'is not the file its save wrote' in r[case], r
+    assert r['cut short: weights unchanged'] and r['damaged: weights unchanged'], r
+    assert r['whole again'] == 'no error' and r['whole again: weights of e2'], r
+    assert r['another model'].startswith('RuntimeError: ') and 'is for a different model' in r['another model'] and r['another model: weights unchanged'], r
+    assert r['no digests'].startswith('no error WARNING') and 'without digests' in r['no digests'], r
+    assert r['folder gone'].startswith('CheckpointDamaged: ') and 'which is not there' in r['folder gone'], r
+    assert not r['left by a killed save'] and r['written since this run started'] and r['e2 folders'] == 2, r
+    for case in ('save', 'background save'):
+        assert r[case].startswith('OSError: ') and 'Could not write the sharded checkpoint' in r[case] and 'No space left' in r[case], r
+        assert r[f'after {case}'] == [True, True], r            # (the folders as before: no half one; the checkpoint file as it was)
+    assert r['load the last whole one'] == 'no error' and r['loaded its weights'] and r['temporaries'] == [], r
+    fault_row('a sharded checkpoint\'s shard cut short, changed, or swapped for another save\'s', '`CheckpointDamaged: .../m.<hex>.dcp/'
+              '__0_0.distcp is not the file its save wrote (changed, damaged, or another save\'s): nothing of the checkpoint was loaded. '
+              'Load an earlier checkpoint, or save again.`', None, 'nothing: the model keeps its weights')
+    fault_row('disk full during a sharded save (at once or in the background)', '`OSError: [Errno 28] Could not write the sharded '
+              'checkpoint .../ckpt.<hex>.dcp (No space left on device); the half-written folder is removed, and the checkpoint ... '
+              'still names the last whole save. ...`', None, 'nothing: the last whole checkpoint stays named and loads; no half folder')

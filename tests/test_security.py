@@ -164,3 +164,32 @@ def test_several_hosts_under_torchrun_without_a_secret_are_refused(tmp_path):
     fault_row('torchrun on several hosts (two agents) without `FASTAI_XLA_SECRET`', "every replica refuses at `to_tpu_distributed`: "
               "`ValueError: torch's agent serves this run's store on every network interface of its host ... Give every host of the "
               "run the same secret in FASTAI_XLA_SECRET ...`", None, 'nothing (nothing ran)')
+
+def sharded_checkpoint_faults(tmp_path, phases, *args) -> dict:
+    "Run tests/sharded_checkpoint_faults.py's `phases` (one replica, FSDP2 on the native backend on the CPU); its report."
+    r = subprocess.run([sys.executable, str(TESTS/'sharded_checkpoint_faults.py'), phases, str(tmp_path), *map(str, args)],
+                       capture_output=True, text=True, timeout=400, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
+    line = [l for l in r.stdout.splitlines() if l.startswith('REPORT ')]
+    assert r.returncode == 0 and line, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(line[0][len('REPORT '):])
+
+def test_a_crafted_sharded_checkpoint_reads_and_deletes_nothing_outside_its_folder(tmp_path):
+    """A checkpoint file of the sharded form (`{'fastai_xla_sharded': 1, 'folder': ...}`, which passes the weights-only load)
+    naming an absolute path, the empty name, `../..`, `.`, another checkpoint's folder, a number, or a symlink of the right
+    name pointing elsewhere: `load` and `load_resume` refuse it by name before reading anything, and a `save` over it deletes
+    nothing; a DCP `.metadata` (its digests made to match) placing its pieces in `../../victim/keep` is refused before DCP
+    opens that file. The folder outside, `models/` and the good save stay; the weights are as they were. Real FSDP2 on the
+    native backend on the CPU, one replica (the same code names and checks the folder for `to_tpu_spmd(shard_params=True)`)."""
+    r = sharded_checkpoint_faults(tmp_path, 'crafted')
+    for label in ('absolute', 'empty', 'parent', 'models', 'another name', 'not a string'):
+        for how in ('load', 'load_resume'):
+            assert r[f'{how} {label}'].startswith('CheckpointRefused: ') and 'not a checkpoint of ours' in r[f'{how} {label}'], (how, label, r)
+        assert r[f'save over {label}'] == 'no error', r
+    assert r['load symlink'].startswith('CheckpointDamaged: ') and 'a link to elsewhere' in r['load symlink'], r
+    assert r['save over symlink'] == 'no error'
+    assert r['load metadata naming a file outside'].startswith('UnpicklingError: ') and 'not a file of its folder' in r['load metadata naming a file outside'], r
+    assert r['victim_kept'] and r['models_kept'] and r['weights_same'], r
+    fault_row("a crafted sharded checkpoint file names a folder outside its own (an absolute path, `''`, `..`, a symlink), or its "
+              "`.metadata` a piece outside", '`CheckpointRefused: ... names \'/...\' as its folder of shards, which is not a name '
+              "fastai_xla's sharded save writes (`m.<8 hex digits>.dcp`, beside it): not a checkpoint of ours. Nothing was read or "
+              "deleted ...` at `load`, `load_resume`; a later `save` deletes nothing but its own", None, 'nothing: no folder deleted or read')

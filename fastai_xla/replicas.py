@@ -14,7 +14,7 @@ from .settings import Settings
 
 # %% auto #0
 __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_signals', 'joining_error', 'is_loopback',
-           'listening_socket', 'meeting_store', 'private_prefix', 'key_secret', 'agent_secret', 'room',
+           'listening_socket', 'meeting_store', 'private_prefix', 'key_secret', 'own_folder', 'agent_secret', 'room',
            'check_exposure', 'links_on_loopback', 'gloo_options', 'loopback_interface', 'gloo_links_on_loopback',
            'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
            'reset_signals', 'named_signals', 'SignalNotice']
@@ -52,7 +52,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
                         f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #920f4275
+# %% ../nbs/00c_replicas.ipynb #68e48258
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -97,6 +97,38 @@ def _private_folder(path:Path) -> bool:
     try: st = os.lstat(path)
     except OSError: return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+def _writable_by_others(st:os.stat_result) -> bool:
+    "Can a user other than this one write where `st` was taken (a group of this user's own, named as the user, aside)?"
+    if st.st_mode & stat.S_IWOTH: return True
+    if not st.st_mode & stat.S_IWGRP: return False
+    import grp, pwd
+    try: g, me = grp.getgrgid(st.st_gid), pwd.getpwuid(os.getuid()).pw_name
+    except KeyError: return True
+    return not (g.gr_name == me and set(g.gr_mem) <= {me})
+
+def _unsafe(path:Path, st:os.stat_result, above:bool=False) -> str|None:
+    "Why a folder (or a folder `above` it) at `path`, as `st` saw it, is not one this user alone may write (None: it is)."
+    if st.st_uid not in (os.getuid(), 0) or (st.st_uid != os.getuid() and not above):
+        return f"{path} belongs to another user (uid {st.st_uid})"
+    if _writable_by_others(st) and not (above and st.st_mode & stat.S_ISVTX):   # (a sticky folder, as /tmp: others cannot rename in it)
+        return f"{path} can be written by other users (mode {stat.filemode(st.st_mode)})"
+    return None
+
+def own_folder(path, what:str) -> Path:
+    "`path` (made, mode 0700, where missing), once it, every folder above it and everything in it are known to be writable by this user alone: else a `PermissionError` naming `what` it is for."
+    path = Path(path).expanduser().absolute()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = path.resolve()
+    why = next((w for p in path.parents if (w := _unsafe(p, os.stat(p), above=True))), None) or _unsafe(path, os.stat(path))
+    for root, dirs, files in os.walk(path) if why is None else ():
+        for name in dirs + files:
+            if why is None: why = _unsafe(Path(root)/name, os.lstat(Path(root)/name))
+    if why is not None:
+        raise PermissionError(f"The {what} {path} is not safe to use: {why}. What it holds runs in this process (a compile "
+                              "cache's files are programs, and pickles), so fastai_xla uses only a folder that no other user can "
+                              f"write. Use a folder of your own (`chmod -R go-w` on it, and on the folders above it), or another one.")
+    return path
 
 def _agent_secret_file() -> Path:
     "Where the secret of this process's agent's run lives: in the agent's own private folder for the run (`<log dir>/<run id>_<random>`, above each replica's `attempt_<n>/<rank>/error.json`), else in one of this user's, named after the agent's process."

@@ -193,3 +193,33 @@ def test_a_crafted_sharded_checkpoint_reads_and_deletes_nothing_outside_its_fold
               "`.metadata` a piece outside", '`CheckpointRefused: ... names \'/...\' as its folder of shards, which is not a name '
               "fastai_xla's sharded save writes (`m.<8 hex digits>.dcp`, beside it): not a checkpoint of ours. Nothing was read or "
               "deleted ...` at `load`, `load_resume`; a later `save` deletes nothing but its own", None, 'nothing: no folder deleted or read')
+
+class _Planted:
+    def __reduce__(self): return (os.system, ('touch planted-ran',))
+
+@pytest.mark.parametrize('backend', ['torch_xla', 'native'])
+def test_a_compile_cache_another_user_can_write_is_refused(tmp_path, backend, monkeypatch):
+    """`enable_compile_cache` (`compile_cache=`) on a folder another user can write (mode 0777, holding a pickle planted where
+    inductor's FX graph cache would unpickle it), one that another user owns, or one of ours holding another user's file:
+    a `PermissionError` naming the folder and the fix, before any cache is set (torch_xla's `initialize_cache`, inductor's and
+    TorchTPU's variables), and before the backend is chosen (the same refusal on every backend); nothing planted runs. A folder of ours under the sticky /tmp is used. (The check itself:
+    `own_folder`, nbs/00c_replicas; another user's files made with `chown`, which needs root: skipped otherwise.)"""
+    monkeypatch.chdir(tmp_path)
+    settings = current_settings(backend=backend)
+    shared = tmp_path/'shared'; planted = shared/'ordinal_0'/'inductor'/'fxgraph'/'ab'/'abcdef'
+    planted.mkdir(parents=True); (planted/'entry').write_bytes(pickle.dumps(_Planted()))
+    for d in [shared, *shared.rglob('*')]: os.chmod(d, 0o777)
+    before = os.environ.get('TORCHINDUCTOR_CACHE_DIR')
+    with pytest.raises(PermissionError, match=r'compile cache .*shared.* is not safe to use: .* can be written by other users'):
+        enable_compile_cache(shared, settings=settings)
+    if os.getuid() == 0:
+        theirs = tmp_path/'theirs'; theirs.mkdir(); os.chown(theirs, 65534, 65534)
+        with pytest.raises(PermissionError, match=r'belongs to another user \(uid 65534\)'): enable_compile_cache(theirs, settings=settings)
+        mine = tmp_path/'mine'; (mine/'ordinal_0').mkdir(parents=True); (mine/'ordinal_0'/'graph.bin').write_bytes(b'x')
+        os.chown(mine/'ordinal_0'/'graph.bin', 65534, 65534)
+        with pytest.raises(PermissionError, match=r'graph.bin belongs to another user'): enable_compile_cache(mine, settings=settings)
+    assert os.environ.get('TORCHINDUCTOR_CACHE_DIR') == before and not (tmp_path/'planted-ran').exists()
+    assert own_folder(tmp_path/'ours'/'cache', 'compile cache').stat().st_mode & 0o777 == 0o700
+    fault_row(f'`compile_cache=` on a folder another user can write or owns ({backend})', '`PermissionError: The compile cache ... is '
+              'not safe to use: ... can be written by other users (mode drwxrwxrwx). What it holds runs in this process ...`',
+              None, 'nothing: no cache set, nothing in it read')

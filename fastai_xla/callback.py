@@ -518,7 +518,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #f9fb4514
+# %% ../nbs/03_callback.ipynb #e5190d20
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -537,7 +537,7 @@ def _optimizes(opt, model) -> bool:
     return any(id(p) in mine for pg in opt.param_lists for p in pg)
 
 def keep_on_xla(learn, name:str, value):
-    "`value`, which a user assigns to the converted `learn`'s `name`, as its XLA path needs it: `DataLoaders` wrapped for its run (this replica's shard, on the device: `detach_xla` gives back these), a model on the device with its modules' XLA versions (said where the optimizer steps none of it), a loss its XLA version."
+    "`value`, which a user assigns to the converted `learn`'s `name`, as its XLA path needs it: `DataLoaders` wrapped for its run (this replica's shard, on the device: `detach_xla` gives back these), a model on the device with its modules' XLA versions (compiled where the learner was; said where the optimizer steps none of it), a loss its XLA version."
     changes, run = learn.xla_changes, learn.xla_run
     if name == 'dls' and value is not None and not hasattr(value, 'cpu_dls'):
         changes.replaced(learn, 'dls', value)
@@ -546,6 +546,8 @@ def keep_on_xla(learn, name:str, value):
         for m in value.modules(): changes.make(module_versions, m)
         if getattr(learn, 'xla_sync_bn', False): sync_batch_norms(learn, value)   # (`to_tpu_distributed(sync_bn=True)`: its batch norms too)
         move_model(value, run.device)
+        options = getattr(learn, 'xla_compile_options', None)
+        if options is not None: compile_model(learn, options, value)   # (`compile=`: the new model too, with the learner's options)
         if getattr(learn, 'opt', None) is not None and not _optimizes(learn.opt, value):
             warnings.warn("The learner's optimizer steps none of the new model's parameters (fastai keeps `learn.opt` over a new "
                           "model): a fit would not train it. Call `learn.create_opt()`, or fit with `reset_opt=True`.", stacklevel=3)

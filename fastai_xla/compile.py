@@ -15,11 +15,11 @@ from .backend import Counters, google_torch_tpu
 from .optimizer import GroupStep, rehearsed
 
 # %% auto #0
-__all__ = ['default_compiler', 'compile_options', 'frame_calling', 'compile_model', 'OpsNamed', 'NumbersInOrder',
+__all__ = ['default_compiler', 'compile_options', 'frame_calling', 'compiled', 'compile_model', 'OpsNamed', 'NumbersInOrder',
            'python_numbers', 'bookkeeping', 'state_tensors', 'stepped_tensors', 'CompiledSteps', 'DynamoCounters',
            'vector_isa_checked', 'dynamo_report']
 
-# %% ../nbs/16_compile.ipynb #5a4fe56d
+# %% ../nbs/16_compile.ipynb #824005c4
 _ON_TORCH_XLA = ("compile= is for the native backend (PyTorch's own device: TorchTPU's `tpu`, CUDA, the CPU), where steps run "
                  "eagerly. On torch_xla every step is traced into one XLA graph and compiled already: leave compile= out, or "
                  "train on the native backend (backend='native').")
@@ -40,17 +40,36 @@ def compile_options(device:torch.device, asked) -> dict:
     return dict(backend=default_compiler(device), dynamic=False) | asked
 
 def frame_calling(module):
-    "A function of ours that calls `module` (its hooks and all): the frame dynamo starts from (see below)."
+    "A function of ours that calls `module` (its hooks and all): the frame dynamo starts from, with a code object of its own."
     def call(*args, **kwargs): return module._call_impl(*args, **kwargs)
+    call.__code__ = call.__code__.replace()   # (dynamo keeps its graphs per code object: each learner's, with its options)
     return call
 
-def compile_model(learn, options:dict):
-    "Compile `learn.model`'s forward and backward in place with torch.compile's `options` (the same module, its keys), noted in the learner's changes (`export` and `detach_xla` write the model uncompiled)."
-    learn.xla_changes.set(learn.model, '_compiled_call_impl', torch.compile(frame_calling(learn.model), **options))
+def _interrupt_in(e:BaseException):
+    "The `KeyboardInterrupt` in the chain of `e`, if any."
+    while e is not None and not isinstance(e, KeyboardInterrupt): e = e.__context__
+    return e
+
+def compiled(fn, options:dict):
+    "`torch.compile(fn, **options)`, where an interrupt during a compile reaches the caller as the `KeyboardInterrupt` it is."
+    graph = torch.compile(fn, **options)
+    def run(*args, **kwargs):
+        try: return graph(*args, **kwargs)
+        except Exception as e:
+            ki = _interrupt_in(e)
+            if ki is None: raise
+            ki.add_note(f"(while torch.compile compiled; its own clean-up then failed: {type(e).__name__}: {e})")
+            raise ki.with_traceback(ki.__traceback__) from None
+    return run
+
+def compile_model(learn, options:dict, model=None):
+    "Compile `model` (default `learn.model`)'s forward and backward in place with torch.compile's `options` (the same module, its keys), noted in the learner's changes (`export` and `detach_xla` write the model uncompiled)."
+    model = learn.model if model is None else model
+    learn.xla_changes.set(model, '_compiled_call_impl', compiled(frame_calling(model), options))
     learn.xla_changes.set(learn, 'xla_compile_options', options)
     return learn
 
-# %% ../nbs/16_compile.ipynb #e58390d3
+# %% ../nbs/16_compile.ipynb #65043e48
 class OpsNamed(TorchFunctionMode):
     "The names of the torch functions called under it, in order: what a rehearsed step did."
     def __init__(self): super().__init__(); self.names = []
@@ -103,7 +122,7 @@ class CompiledSteps:
             if key not in self.seen: self.seen.add(key); return False
             books = [[python_numbers(bookkeeping(s)) for s in states] for _, states, _ in groups]
             graph = partial(stepped_tensors, update, books, [python_numbers(h) for _, _, h in groups])
-            self.graphs[key] = torch.compile(graph, **self.options)
+            self.graphs[key] = compiled(graph, self.options)
         device = groups[0][0][0].device
         numbers = torch.tensor(values, dtype=torch.float32).to(device)
         new = self.graphs[key]([ps for ps, _, _ in groups], [[state_tensors(s) for s in states] for _, states, _ in groups], numbers)

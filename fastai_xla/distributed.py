@@ -82,7 +82,7 @@ def to_xla(self:Learner,
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)
     return make_xla_learner(self, run, grouped_steps, compile, place_model, **kwargs)
 
-# %% ../nbs/04_distributed.ipynb #627b4fc2
+# %% ../nbs/04_distributed.ipynb #288bbd0e
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
@@ -103,7 +103,7 @@ def to_tpu_distributed(self:Learner,
     settings = current_settings(backend=backend)
     if compile_cache: enable_compile_cache(compile_cache, settings=settings)
     run = Run(settings).enter().agree(seed)   # the master's run id and seed, on every replica
-    if fsdp: check_fsdp(run)                  # (before anything changes: torch_xla, a device without its own process group)
+    if fsdp: check_fsdp(run, fsdp)            # (before anything changes: torch_xla, a device without its own process group, a bad policy)
     if run.together:
         run.meetings.open()
         run.supervisor.watch()                # (replicas started by hand; torch's agent watches its own)

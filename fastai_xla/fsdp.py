@@ -31,11 +31,11 @@ from .callback import rebind_optimizer, state_of, Change
 # %% auto #0
 __all__ = ['FSDP_GROUPS', 'TRANSFORMER_BLOCKS', 'SUMS_ONLY', 'fsdp_group', 'fsdp_mesh', 'is_transformer_block', 'param_count',
            'shard_units', 'moved_unsharded', 'shard_model', 'asks_bf16', 'sharded_like', 'holds_shards', 'reshard',
-           'ShardsKept', 'shard_state', 'check_fsdp', 'shard_learner', 'placed_sharded', 'whole', 'gathered',
-           'sharded_for', 'meta_copy', 'plain_model', 'unsharded', 'whole_again', 'ModelSharded', 'CheckedReader',
-           'opt_params', 'plain_containers', 'containers_like', 'sharded_state', 'CheckedLoadPlanner', 'dcp_errors',
-           'ShardedCheckpoints', 'sharded_checkpoints', 'state_to_load', 'load_checkpoint_folder', 'tensor_bytes',
-           'optimizer_state', 'replica_bytes']
+           'ShardsKept', 'shard_state', 'check_policy', 'check_fsdp', 'shard_learner', 'placed_sharded', 'whole',
+           'gathered', 'sharded_for', 'meta_copy', 'plain_model', 'unsharded', 'whole_again', 'ModelSharded',
+           'CheckedReader', 'opt_params', 'plain_containers', 'containers_like', 'sharded_state', 'CheckedLoadPlanner',
+           'dcp_errors', 'ShardedCheckpoints', 'sharded_checkpoints', 'state_to_load', 'load_checkpoint_folder',
+           'tensor_bytes', 'optimizer_state', 'replica_bytes']
 
 # %% ../nbs/17_fsdp.ipynb #d8dacc00
 FSDP_GROUPS = {'cpu': 'gloo', 'cuda': 'nccl', 'tpu': 'tpu_dist'}   # device type -> the process group FSDP2's collectives use
@@ -87,7 +87,7 @@ def shard_units(model:nn.Module, policy=True, share:float=0.1) -> list:
     matches = policy or (lambda m: isinstance(m, classes))
     return [m for m in list(model.modules())[::-1] if m is not model and param_count(m) and matches(m)]
 
-# %% ../nbs/17_fsdp.ipynb #40dd920e
+# %% ../nbs/17_fsdp.ipynb #1ba6a5f4
 def moved_unsharded(module:nn.Module, device, moved:dict|None=None):
     "Move `module`'s parameters and buffers that are not sharded yet (not DTensors) to `device`, each replaced by its copy there (a tensor tied in two places stays one: `moved`, by the tensor's id)."
     moved = {} if moved is None else moved
@@ -154,8 +154,20 @@ _ON_TORCH_XLA = ("fsdp= shards the model with PyTorch's FSDP2 on the native back
                  "shard the parameters over this host's devices with `learn.to_tpu_spmd(shard_params=True)` (08_spmd), or train "
                  "on the native backend (backend='native').")
 
-def check_fsdp(run):
-    "Refuse `fsdp=` where `run` cannot shard: torch_xla's backend, a device without a process group of its own kind."
+def check_policy(policy):
+    "Refuse an `fsdp=` that is not `True`, a module class (or a tuple or list of them), or a function of a module, saying what it takes."
+    classes = tuple(policy) if isinstance(policy, (tuple, list)) else (policy,)
+    if policy is True or (classes and all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes)): return
+    if callable(policy) and not isinstance(policy, type): return
+    hint = (f" A name is not a class: pass the class itself, as `fsdp=nn.{policy}` (or the class from your model's module)."
+            if isinstance(policy, str) else '')
+    raise TypeError(f"fsdp= takes True (transformer blocks, else the model's big children), a module class or a tuple of them "
+                    f"(`fsdp=(nn.TransformerEncoderLayer,)`), or a function of a module saying whether it is a shard unit; "
+                    f"not {policy!r}.{hint}")
+
+def check_fsdp(run, policy=True):
+    "Refuse `fsdp=` where `run` cannot shard (torch_xla's backend, a device without a process group of its own kind), or a `policy` it does not take."
+    check_policy(policy)
     if run.backend.name != 'native': raise ValueError(_ON_TORCH_XLA)
     fsdp_group(run.device.type)
 
@@ -163,7 +175,7 @@ def shard_learner(learn, policy=True):
     "Shard `learn`'s model over its run's replicas (`shard_model`; each unit moved to the device as it is cut, wherever the model was), every replica's shards cut from the master's weights, its optimizer, if it has one, pointed at the sharded parameters and their shards of its state. A model sharded already is left as it is."
     if holds_shards(learn.model): return learn
     run = learn.xla_run
-    check_fsdp(run)
+    check_fsdp(run, policy)
     learn.xla_changes.set(learn, 'xla_unsharded', meta_copy(learn.model))   # (for `export`: below)
     masters = learn.model.state_dict() if run.is_master else {}   # (the master's weights, where they are: the host, before sharding)
     kind = run.device.type

@@ -44,14 +44,18 @@ def global_batch_stats(x, run) -> tuple:
     g_m2 = m2s.sum(0) + (counts * (means - g_mean).pow(2)).sum(0)
     return total, g_mean, g_m2
 
-# %% ../nbs/04b_sync_bn.ipynb #5d1e286e
+# %% ../nbs/04b_sync_bn.ipynb #ce1a240c
 class SyncedBatchNorm(BatchNormOnXLA):
     "The version of torch's `BatchNorm1d/2d/3d` whose batch statistics are over every replica's batch (`to_tpu_distributed(sync_bn=True)`)."
     def forward(self, x):
+        if not (self.training or self.running_mean is None): return super().forward(x)   # (running statistics: no collective)
+        return self.synced_forward(x)
+
+    @torch.compiler.disable
+    def synced_forward(self, x):
+        "The forward with batch statistics over the replicas of this thread's run: outside a compiled graph (a collective, the run's)."
         run = this_thread.run
-        batch_stats = self.training or self.running_mean is None
-        if not (batch_stats and run is not None and run.together):   # (only torch's own forward is made this: `batch_norms`)
-            return super().forward(x)
+        if not (run is not None and run.together): return super().forward(x)   # (only torch's own forward is made this: `batch_norms`)
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         count, mean, m2 = global_batch_stats(x32, run)
         out = (x32 - _per_channel(mean, x32)) * _per_channel(torch.rsqrt(m2 / count + self.eps), x32)

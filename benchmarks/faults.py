@@ -21,7 +21,9 @@ TESTS = ['tests/test_faults.py', 'tests/test_preemption.py', 'tests/test_checkpo
          'tests/test_replicas.py::test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',
          'tests/test_torchrun.py::test_a_replica_killed_under_max_restarts_resumes_and_ends_its_epochs',
          'tests/test_torchrun.py::test_a_replica_killed_without_restarts_ends_the_run_named',
-         'tests/test_torchrun.py::test_sigterm_to_torchrun_stops_every_replica_after_the_same_step']
+         'tests/test_torchrun.py::test_sigterm_to_torchrun_stops_every_replica_after_the_same_step',
+         'tests/test_checkpoint.py::test_a_damaged_sharded_checkpoint_is_refused_whole_and_a_full_disk_leaves_no_half_folder',
+         'tests/test_compile_options.py']
 
 def finished_torchrun_runs(runs:int, folder:Path) -> dict:
     "The fault table's row for `runs` torchrun runs of a finished script in a row: how many exited with each status."

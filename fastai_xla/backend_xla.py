@@ -17,7 +17,9 @@ from .agent import ElasticLauncher, ReplicasFailed, read_record, record_error, e
 
 # %% auto #0
 __all__ = ['SUPPORTED_STACKS', 'check_torch_xla', 'choose_pjrt_device', 'import_torch_xla', 'XLARuntime', 'always_all_reduce',
-           'XLACollectives', 'XLASpawn', 'XLACounters', 'XLAProfiler', 'XLASPMD', 'build_loop', 'XLALoops', 'TorchXLA']
+           'XLACollectives', 'xla_kind', 'agent_collectives', 'start_agent_replica', 'check_agent_placement',
+           'AgentXLACollectives', 'XLASpawn', 'XLACounters', 'XLAProfiler', 'XLASPMD', 'build_loop', 'XLALoops',
+           'TorchXLA']
 
 # %% ../nbs/00d_backend_xla.ipynb #b3f8413c
 # torch release -> (the torch_xla releases built for it, the torchvision release built for it)
@@ -181,6 +183,64 @@ class XLACollectives(Collectives):
     def broadcast_object(self, obj, src=0, tag='broadcast'):
         return pickle.loads(_xm().rendezvous(tag, pickle.dumps(obj))[src])   # (a rendezvous is an all-gather under PJRT)
     def barrier(self, tag='barrier'): _xm().rendezvous(tag)
+
+# %% ../nbs/00d_backend_xla.ipynb #81ae7ef5
+def xla_kind() -> str:
+    "The device type of torch_xla's runtime in this process (`PJRT_DEVICE`: TPU, CPU...), read without starting it."
+    return (_xr().device_type() or 'CPU').upper()
+
+def agent_collectives(settings:Settings, kind:str) -> str:
+    "Which collectives a replica torch's agent placed uses on torch_xla's device `kind`: torch_xla's in the graph (`'xla'`) where its runtime reaches the other processes (a TPU) or there is one replica, else gloo's through the host."
+    if settings.transport == 'gloo': return 'gloo'
+    return 'xla' if settings.world_size == 1 or kind != 'CPU' else 'gloo'
+
+def _local_place(settings:Settings) -> tuple:
+    "This process's rank among its host's, and their count (replicas started by hand without torch's local variables: the run's)."
+    local = settings.local_rank if settings.local_rank is not None else settings.rank
+    return local, settings.local_world_size or settings.world_size
+
+def start_agent_replica(settings:Settings):
+    "torch_xla's own set-up of a process torch's agent placed (its `xla://` handler's `initialize_multiprocess`), once, before its runtime starts: on a TPU, this process's chips and ports."
+    if os.environ.get('PJRT_LOCAL_PROCESS_COUNT') is not None: return   # (done: an earlier run of this process, or torch_xla's own)
+    kind, (local, count) = xla_kind(), _local_place(settings)
+    if TorchXLA.runtime_started_in_process():
+        if kind == 'CPU': return                      # (each process's CPU device is its own anyway)
+        raise RuntimeError(f"torch_xla's {kind} runtime started in this torchrun replica before its set-up, so it opened every chip "
+                           "of the host: call `to_tpu_distributed()` before anything uses the device (`xla_device()`, a tensor moved "
+                           "there), or start the replicas with `spawn(train)`.")
+    from torch_xla._internal import pjrt, tpu
+    if kind == 'TPU' and count != tpu.num_local_processes():
+        raise RuntimeError(f"torchrun started {count} replica processes on this host, and torch_xla's TPU runtime runs "
+                           f"{tpu.num_local_processes()} (one per chip): each would wait for the missing ones. Start torchrun with "
+                           f"--nproc-per-node={tpu.num_local_processes()}, or the replicas with `spawn(train)`.")
+    if count > 1: pjrt.initialize_multiprocess(local, count)
+    else: pjrt.initialize_singleprocess()
+
+def check_agent_placement(settings:Settings):
+    "Refuse a torchrun replica whose place torch_xla's runtime sees otherwise: two cores in the process (TPU v2/v3), another ordinal or count."
+    xr = _xr()
+    cores = xr.addressable_runtime_device_count()
+    if cores > 1:
+        raise RuntimeError(f"This process drives {cores} TPU cores (a TPU v2 or v3 chip: two cores, which torch_xla runs as two replicas, "
+                           "threads of one process), and torchrun runs one replica a process: a core of each chip would stay idle. "
+                           "Start the replicas with `spawn(train)` (or torch_xla's `xmp.spawn`), which runs every core.")
+    if (xr.global_ordinal(), xr.world_size()) != (settings.rank, settings.world_size):
+        raise RuntimeError(f"torchrun placed this process as replica {settings.rank} of {settings.world_size}, and torch_xla's runtime "
+                           f"as {xr.global_ordinal()} of {xr.world_size()}: their collectives would not agree. On a pod, give each "
+                           "host's torchrun --node-rank=$TPU_WORKER_ID (its TPU worker id) and --nproc-per-node=<its chips>; or "
+                           "start the replicas with `spawn(train)`.")
+
+class AgentXLACollectives(ProcessGroupCollectives):
+    "Replicas torch's agent placed on devices whose runtime reaches the others (a TPU): torch_xla's in-graph collectives for tensors, the agent's store and a gloo group for meetings and objects."
+    renewable = False   # (a replica leaving the gloo group would leave the others waiting in the graph's all-reduce)
+    def __init__(self, settings:Settings):
+        super().__init__(settings, 'gloo')
+        self.name, self.runs_alone = 'xla', always_all_reduce()
+        check_agent_placement(settings)
+    via_host = False
+    def all_reduce_sum(self, tensors, scale=1.0): _xm().all_reduce(_xm().REDUCE_SUM, list(tensors), scale=scale)
+    def all_gather(self, t): return _xm().all_gather(t[None], dim=0)
+    def broadcast_(self, tensors, src=0): _xm().collective_broadcast(list(tensors), root_ordinal=src)
 
 # %% ../nbs/00d_backend_xla.ipynb #eb661d0d
 class XLASpawn(Launcher):
@@ -364,7 +424,7 @@ class XLALoops(Loops):
         carry, ys = tuple(out[1:1 + len(init)]), tuple(out[1 + len(init) + len(xs):])
         return carry, ys[0] if one_y else ys
 
-# %% ../nbs/00d_backend_xla.ipynb #57479e26
+# %% ../nbs/00d_backend_xla.ipynb #0e02d4d3
 @register_backend
 class TorchXLA(Backend):
     "torch_xla's lazy tensors, PJRT runtime and collectives (torch_xla 2.8, 2.9)."
@@ -387,8 +447,10 @@ class TorchXLA(Backend):
     @classmethod
     def suits_machine(cls): return has_torch_xla() and tpu_chips() > 0
     def collectives(self, settings:Settings):
-        # (replicas placed by PyTorch's variables, as torchrun places them, are processes of their own: their group is gloo)
-        return ProcessGroupCollectives(settings, 'gloo') if settings.transport == 'gloo' or settings.in_group else XLACollectives()
+        if not settings.in_group: return ProcessGroupCollectives(settings, 'gloo') if settings.transport == 'gloo' else XLACollectives()
+        start_agent_replica(settings)       # (replicas placed by torch's variables, as torchrun places them: torch_xla's set-up first)
+        in_graph = agent_collectives(settings, xla_kind()) == 'xla'
+        return AgentXLACollectives(settings) if in_graph else ProcessGroupCollectives(settings, 'gloo')
     def launcher(self, settings:Settings):
         return ElasticLauncher(settings.with_(backend=self.name)) if settings.transport == 'gloo' else XLASpawn(settings.with_(backend=self.name))
 

@@ -8,7 +8,8 @@ import os, sys, json, time, argparse, platform, subprocess, tempfile, importlib.
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['WAYS', 'environment', 'Checks', 'note_model_inputs', 'replica_checks', 'worker', 'run_checks', 'report', 'main']
+__all__ = ['WAYS', 'environment', 'Checks', 'note_model_inputs', 'replica_checks', 'worker', 'torchrun_replicas', 'run_checks',
+           'report', 'main']
 
 # %% ../nbs/10_check.ipynb #407e49bc
 def _version(dist:str) -> str|None:
@@ -32,7 +33,7 @@ def environment() -> dict:
     env['PJRT_DEVICE'] = os.environ.get('PJRT_DEVICE')
     return env
 
-# %% ../nbs/10_check.ipynb #6cb717a1
+# %% ../nbs/10_check.ipynb #a5f77b9e
 class Checks:
     "Named checks, each timed; a failure is recorded with its error, and the next check still runs."
     def __init__(self): self.results = []
@@ -135,8 +136,29 @@ def _bf16(path):
     if set(dtypes) != {torch.bfloat16} or loss != loss: raise AssertionError(f'outputs {set(dtypes)}, loss {loss}')
     return f'outputs bfloat16, training loss {loss:.3f}'
 
-def replica_checks(index, out_dir):
-    "What each replica of `spawn` runs: every check in order, its results to `out_dir` (a file per replica)."
+def _torchrun_place(run):
+    "What torch's agent and the backend made of this torchrun replica: its place, torch_xla's set-up and chips, its collectives."
+    env = os.environ
+    place = f"rank {env['RANK']} of {env['WORLD_SIZE']} (local {env['LOCAL_RANK']} of {env['LOCAL_WORLD_SIZE']}) on {run.device}"
+    if (run.ordinal, run.count) != (int(env['RANK']), int(env['WORLD_SIZE'])):
+        raise AssertionError(f'{place}, and the run says replica {run.ordinal} of {run.count}')
+    if run.backend.name == 'torch_xla':      # (torch_xla's own set-up, as its `xla://` handler runs it)
+        local = int(env['LOCAL_WORLD_SIZE']) > 1
+        got = (env.get('PJRT_LOCAL_PROCESS_RANK'), env.get('PJRT_LOCAL_PROCESS_COUNT'))
+        want = (env['LOCAL_RANK'] if local else None, env['LOCAL_WORLD_SIZE'])
+        if got != want: raise AssertionError(f"{place}: torch_xla's multi-process set-up did not run (PJRT_LOCAL_PROCESS_RANK/COUNT {got}, want {want})")
+        place += f", torch_xla's set-up done, TPU chips {env.get('TPU_VISIBLE_CHIPS', 'none')}"
+    return place + f', collectives: {run.collectives.name}'
+
+def _collectives_in_graph(run):
+    "On torch_xla with its in-graph collectives: the fit's all-reduces were ops of its graphs (torch_xla's counters)."
+    if run.collectives.name != 'xla': return f'through {run.collectives.name} (host memory): {run.backend.runtime.kind()} has no collectives between processes'
+    n = run.backend.counters.op_counts().get('xla::AllReduceInPlace', 0)
+    if not n: raise AssertionError('no all-reduce in the graphs of the fit')
+    return f'{n} all-reduces in the graphs so far'
+
+def replica_checks(index, out_dir, torchrun:bool=False):
+    "What each replica of `spawn` (or of torchrun, with its own checks) runs: every check in order, its results to `out_dir` (a file per replica)."
     from fastai_xla.run import replica_ordinal
     checks, path = Checks(), Path(out_dir)
     learn = inputs = None
@@ -146,16 +168,20 @@ def replica_checks(index, out_dir):
         inputs = note_model_inputs(learn)
         return repr(learn.xla_run)
     if checks('replicas start and agree (to_tpu_distributed)', setup):
+        if torchrun: checks("torchrun: this replica's place, chips and collectives", _torchrun_place, learn.xla_run)
         checks('collectives: all-reduce and gather of the ordinals', _all_reduce, learn.xla_run)
         checks('shards: disjoint, covering', _shards, learn)
         fitted = checks('a fit: it learns, no compile after epoch 1', _fit, learn)
         checks("placement: the model and its inputs on the device", _on_device, learn, inputs)
+        if fitted and torchrun and learn.xla_run.backend.name == 'torch_xla':
+            checks("torchrun: the gradients' collectives where torch_xla runs them", _collectives_in_graph, learn.xla_run)
         if fitted: checks('metrics: exact over the whole validation set', _exact_metrics, learn)
         checks('checkpoint: save and load', _checkpoint, learn)
         checks('bfloat16 mixed precision', _bf16, path)
-    (path/f'replica-{replica_ordinal()}.json').write_text(json.dumps(checks.results))
+    number = learn.xla_run.ordinal if learn is not None else int(os.environ['RANK']) if torchrun else replica_ordinal()
+    (path/f'replica-{number}.json').write_text(json.dumps(checks.results))
 
-# %% ../nbs/10_check.ipynb #2de523b2
+# %% ../nbs/10_check.ipynb #679b90fc
 def _launch_check(out_dir):
     "A notebook's way: a learner built here, `learn.launch` on every core, its weights and history back here."
     import torch
@@ -185,15 +211,27 @@ def worker(kind:str, out_dir:str):
         from fastai_xla.distributed import spawn
         spawn(replica_checks, (out_dir,))
         return
+    if kind == 'torchrun': return replica_checks(0, out_dir, torchrun=True)   # (this process is a replica torchrun started)
     checks = Checks()
     if kind == 'launch': checks('learn.launch from a notebook', _launch_check, out_dir)
     else: checks('to_tpu_spmd: every device from one process', _spmd_check, out_dir)
     Path(out_dir, f'{kind}.json').write_text(json.dumps(checks.results))
 
-# %% ../nbs/10_check.ipynb #287343fd
-def _run_worker(kind, out_dir, env, timeout):
+# %% ../nbs/10_check.ipynb #4b1f5eac
+def torchrun_replicas(env:dict) -> int:
+    "How many replicas the torchrun check starts: one per TPU chip, 2 on a machine without one (two processes of the CPU device)."
+    return env['tpu_chips_on_pci'] or 2
+
+def _torchtpu_launch_env(env:dict, nprocs:int):
+    "On TorchTPU's chips, TorchTPU's launch environment decided here, in the process that starts torchrun (where the shell did not)."
+    if env['backend'] != 'native' or not env['tpu_chips_on_pci'] or not env['torch-tpu'] or os.environ.get('TORCH_TPU_SLICEBUILDER_ADDRESSES'): return
+    from torch.tpu.distributed import set_tpu_launch_env
+    set_tpu_launch_env(nproc_per_node=nprocs)
+
+def _run_worker(kind, out_dir, env, timeout, nprocs=2):
     t = time.time()
     cmd = [sys.executable, '-m', 'fastai_xla.check', '--worker', kind, '--out', str(out_dir)]
+    if kind == 'torchrun': cmd[1:3] = ['-m', 'torch.distributed.run', '--standalone', f'--nproc-per-node={nprocs}', '-m', 'fastai_xla.check']
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         code, tail = r.returncode, (r.stdout[-1500:] + r.stderr[-3000:])
@@ -201,19 +239,23 @@ def _run_worker(kind, out_dir, env, timeout):
     return code, tail, round(time.time() - t, 1)
 
 def _collect(kind, out_dir, code, tail, seconds) -> list:
-    files = sorted(Path(out_dir).glob('replica-*.json' if kind == 'spawn' else f'{kind}.json'))
-    if kind == 'spawn' and files:
+    replicas = kind in ('spawn', 'torchrun')
+    files = sorted(Path(out_dir).glob('replica-*.json' if replicas else f'{kind}.json'))
+    if replicas and files:
         per = [json.loads(f.read_text()) for f in files]
         res = []
         for k, first in enumerate(per[0]):         # a check passes when it passed on every replica
             fails = [(i, p[k]) for i, p in enumerate(per) if k < len(p) and not p[k]['ok']]
             res.append(dict(first, ok=not fails, detail=fails[0][1]['detail'] + f' (replica {fails[0][0]})' if fails else
                             first['detail'] + f' [{len(per)} replicas]'))
+        if kind == 'torchrun' and code: res.append(dict(name='torchrun: every replica exits 0', ok=False, seconds=seconds, detail=f'exit status {code}: {tail}'))
+        if kind == 'torchrun':
+            res = [dict(r, name=r['name'] if r['name'].startswith('torchrun') else f"torchrun: {r['name']}") for r in res]
         return res
     if files: return json.loads(files[0].read_text())
     return [dict(name=f'{kind}: the check process', ok=False, seconds=seconds, detail=f'exit status {code}: {tail}')]
 
-WAYS = ('spawn', 'launch', 'spmd')   # the ways of running, each checked in a process of its own
+WAYS = ('spawn', 'launch', 'spmd', 'torchrun')   # the ways of running, each checked in a process (torchrun's: its replicas) of its own
 
 def run_checks(timeout:float=900, only:list|None=None) -> dict:
     "Every check (or those of the ways in `only`), each way of running in a process of its own: `{'environment': ..., 'checks': [...]}`."
@@ -230,7 +272,8 @@ def run_checks(timeout:float=900, only:list|None=None) -> dict:
         with tempfile.TemporaryDirectory() as d:
             # (SPMD on one CPU device splits nothing: two simulated CPU devices show the split)
             kind_env = {**proc_env, 'CPU_NUM_DEVICES': '2'} if kind == 'spmd' and one_device else proc_env
-            code, tail, seconds = _run_worker(kind, d, kind_env, timeout)
+            if kind == 'torchrun': _torchtpu_launch_env(env, torchrun_replicas(env)); kind_env = {**kind_env, **os.environ}
+            code, tail, seconds = _run_worker(kind, d, kind_env, timeout, torchrun_replicas(env))
             checks += _collect(kind, d, code, tail, seconds)
     if 'spmd' not in kinds and (not only or 'spmd' in only): checks.append(dict(name='to_tpu_spmd', ok=True, seconds=0., detail=f"skipped: the {env['backend']} backend has no SPMD", skipped=True))
     env['collectives_with_one_device'] = 'XLA_ALWAYS_ALLREDUCE=1' if one_device else None
@@ -247,7 +290,7 @@ def report(res:dict) -> str:
              + (f", {e['collectives_with_one_device']} (one device: its collectives run all the same)" if e.get('collectives_with_one_device') else ''), '']
     for c in checks:
         mark = 'SKIP' if c.get('skipped') else 'PASS' if c['ok'] else 'FAIL'
-        lines.append(f"{mark}  {c['name']:<52} {c['seconds']:>6.1f} s  {c['detail']}")
+        lines.append(f"{mark}  {c['name']:<60} {c['seconds']:>6.1f} s  {c['detail']}")
     failed = [c for c in checks if not c['ok']]
     lines += ['', f"{sum(c['ok'] and not c.get('skipped') for c in checks)} passed, {len(failed)} failed"
               + ('' if not failed else ': please paste this report into an issue at https://github.com/fastai-xla/fastai_xla/issues')]

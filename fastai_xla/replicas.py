@@ -208,11 +208,12 @@ def nccl_links_on_loopback(s:Settings):
     name = loopback_interface()
     if links_on_loopback(s) and name is not None: os.environ['NCCL_SOCKET_IFNAME'] = name
 
-# %% ../nbs/00c_replicas.ipynb #cbfb6a69
+# %% ../nbs/00c_replicas.ipynb #824c0b6a
 class ProcessGroupCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`, whose tensors are on `device`)."
     def __init__(self, settings:Settings, group:str='gloo', device=None):
         self.settings, self.name = settings.check_group(f"{group}'s collectives"), group
+        self.group_backend = group   # (the process group's; `name` says what the collectives are)
         self.wire_device = torch.device('cpu') if group == 'gloo' else device
         self._store = self._group = None
         self.generation = 0   # (how often this replica made its group anew: `renew`)
@@ -240,17 +241,17 @@ class ProcessGroupCollectives(Collectives):
             store = dist.PrefixStore(private_prefix(key_secret(s), room(s, name)), self.store())
             timeout = datetime.timedelta(seconds=s.timeout)
             try:
-                if self.name == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, gloo_options(s, timeout))
+                if self.group_backend == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, gloo_options(s, timeout))
                 else:   # a device's own group: one per process (one replica per chip), torch.distributed's default
                     if not dist.is_initialized():
-                        dist.init_process_group(self.name, store=store, rank=s.rank, world_size=s.world_size, timeout=timeout)
+                        dist.init_process_group(self.group_backend, store=store, rank=s.rank, world_size=s.world_size, timeout=timeout)
                     self._group = dist.group.WORLD
             except (RuntimeError, dist.DistError) as e: raise joining_error(s, e) from e
         return self._group
 
     renewable = True
     def _leave_group(self):
-        if self._group is not None and self.name != 'gloo' and dist.is_initialized(): dist.destroy_process_group()
+        if self._group is not None and self.group_backend != 'gloo' and dist.is_initialized(): dist.destroy_process_group()
         self._group = None                              # (a gloo group goes with its last reference, its links closed)
 
     def renew(self):

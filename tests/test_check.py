@@ -17,8 +17,20 @@ def test_the_self_check_passes_here_and_names_the_versions():
     passed = [c['name'] for c in checks if c['ok'] and not c.get('skipped')]
     assert len(passed) >= 5, checks
     for name in ('collectives: all-reduce and gather of the ordinals', 'shards: disjoint, covering', 'a fit: it learns, no compile after epoch 1',
-                 'metrics: exact over the whole validation set', 'learn.launch from a notebook', 'bfloat16 mixed precision'):
+                 'metrics: exact over the whole validation set', 'learn.launch from a notebook', 'bfloat16 mixed precision',
+                 "torchrun: this replica's place, chips and collectives", 'torchrun: a fit: it learns, no compile after epoch 1',
+                 "torchrun: the gradients' collectives where torch_xla runs them"):
         assert name in passed, (name, checks)
+    place = next(c for c in checks if c['name'] == "torchrun: this replica's place, chips and collectives")['detail']
+    assert "rank 0 of 2 (local 0 of 2)" in place and "torch_xla's set-up done" in place and '[2 replicas]' in place, place
+
+def test_the_torchrun_form_on_the_native_backend_and_a_failing_replica():
+    """`--only torchrun` on the native backend (2 replicas of the CPU under `torchrun --standalone`) passes; on a device the
+    runtime does not know, every replica fails at its start: named, exit status 1."""
+    r = check({'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_BACKEND': 'native'}, '--only', 'torchrun')
+    assert r.returncode == 0 and "PASS  torchrun: this replica's place" in r.stdout and 'backend native' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    r = check({'PJRT_DEVICE': 'NOSUCH'}, '--timeout', '240', '--only', 'torchrun')
+    assert r.returncode == 1 and 'FAIL  torchrun: replicas start and agree' in r.stdout and 'NOSUCH' in r.stdout, r.stdout[-3000:]
 
 def test_a_failing_check_is_reported_and_fails_the_command():
     """A device the runtime does not know: the way of running checked (`--only launch`: one process, not three) fails, by

@@ -38,7 +38,9 @@ learn.fit(3, 1e-2, **extra)
 run = learn.xla_run
 Path(f'replica-{{run.ordinal}}.json').write_text(json.dumps(dict(
     rank=run.ordinal, world=run.count, attempt=run.settings.restart_count, run_id=run.run_id, seen=rec.seen,
-    epochs=len(learn.recorder.values), backend=run.backend.name, device=str(run.device),
+    epochs=len(learn.recorder.values), backend=run.backend.name, device=str(run.device), collectives=run.collectives.name,
+    local=[os.environ.get(k) for k in ('LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'PJRT_LOCAL_PROCESS_RANK', 'PJRT_LOCAL_PROCESS_COUNT')],
+    all_reduces=run.backend.counters.op_counts().get('xla::AllReduceInPlace', 0) if run.backend.name == 'torch_xla' else None,
     params=[to_host(whole(p)).flatten().tolist() for p in learn.model.parameters()])))
 '''
 
@@ -62,13 +64,28 @@ BACKENDS = {'torch_xla': {'FASTAI_XLA_BACKEND': 'torch_xla'},
 def shards(reports, epoch, phase):
     return [sorted(i for e, p, ids in reports[r]['seen'] if (e, p) == (epoch, phase) for i in ids) for r in sorted(reports)]
 
+def test_one_torchrun_replica_on_torch_xla_all_reduces_in_the_graph(tmp_path):
+    """`torchrun --standalone --nproc-per-node=1` with torch_xla's `XLA_ALWAYS_ALLREDUCE=1`: the replica went through torch_xla's
+    single-process set-up, its collectives are torch_xla's in-graph ones (`AgentXLACollectives`, what a TPU's torchrun replicas
+    use), and every training step's gradient all-reduce is an op of its graph, executed (counted: `xla::AllReduceInPlace`)."""
+    r, reports, _ = torchrun(tmp_path, '--standalone', '--nproc-per-node=1', env={'FASTAI_XLA_BACKEND': 'torch_xla', 'XLA_ALWAYS_ALLREDUCE': '1'})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    x = reports[0]
+    assert x['collectives'] == 'xla' and x['local'][2:] == [None, '1'], x['local']      # (initialize_singleprocess: the count alone)
+    assert x['all_reduces'] >= 3 * 44 and x['epochs'] == 3, x['all_reduces']           # (3 epochs of 44 steps, each its all-reduce)
+
 @pytest.mark.parametrize('backend', list(BACKENDS))
 def test_torchrun_standalone_is_one_run(tmp_path, backend):
     """Two processes under `torchrun --standalone --nproc-per-node=2`: each trains half the batches of every epoch (disjoint
     shards), validates half the set (exact metrics over the whole of it), one progress table prints (the master's), and
-    both end with the same weights. (Before: each process trained all 22 batches alone, and printed its own table.)"""
+    both end with the same weights. (Before: each process trained all 22 batches alone, and printed its own table.) On
+    torch_xla each replica went through torch_xla's own multi-process set-up first (`PJRT_LOCAL_PROCESS_RANK`/`_COUNT` as its
+    `xla://` handler sets them from `LOCAL_RANK`/`LOCAL_WORLD_SIZE`), and averages through gloo: torch_xla's CPU device has no
+    collectives between processes (on a TPU the in-graph ones: `agent_collectives`, tested in nbs/00d_backend_xla)."""
     r, reports, took = torchrun(tmp_path, '--standalone', '--nproc-per-node=2', env=BACKENDS[backend])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    if backend == 'torch_xla':
+        for x in reports.values(): assert x['local'][:2] == x['local'][2:] == [str(x['rank']), '2'] and x['collectives'] == 'gloo', x['local']
     assert sorted(reports) == [0, 1] and all(x['world'] == 2 and x['backend'] == backend.split('-')[0] for x in reports.values()), reports.keys()
     device = 'tpu:0' if backend == 'native-tpu' else 'xla'
     assert all(x['device'].startswith(device) for x in reports.values()), reports   # (a device apart from the host, every way)

@@ -12,6 +12,9 @@
    gloo, each thread its own run, group and store connection (`ElasticLauncher(threads=2)`, on torch's elastic agent). torch_xla's own collectives
    cannot run between CPU threads (they deadlock, README): these threads talk through gloo.
 3. Eight replicas, the count of a v3-8 or v5e-8, on this 2-core machine: `learn.launch(nprocs=8)` and a script's `spawn` (with `--all`).
+4. torchrun on a TPU host: the chips and ports torch_xla's own set-up (`configure_topology`, which every torchrun replica runs
+   through `start_agent_replica`) gives each process of v3-8, v4-8, v5e-8 and v6e-8 hosts, computed under its metadata
+   overrides without a TPU (the runtime itself, which opens each process's chip, is not started).
 """
 import json, os, subprocess, sys, textwrap, time
 from pathlib import Path
@@ -288,3 +291,42 @@ def test_eight_replicas_from_a_script(tmp_path):
     took = float(r.stdout.split('TOOK ')[1].split()[0])
     assert took < 300, took
     print(f'8 replicas, spawned: {took:.0f} s')
+
+TOPOLOGY = '''
+import os, json
+from torch_xla._internal import tpu
+HOSTS = {hosts!r}
+base, out = dict(os.environ), {{}}
+for host, (accelerator, host_bounds, chips_per_host, processes) in HOSTS.items():
+    for local_rank in range(processes):   # (each torchrun process of the host, as torch_xla's `xla://` set-up configures it)
+        os.environ.clear(); os.environ.update(base)
+        os.environ.update(TPU_SKIP_MDS_QUERY='1', TPU_ACCELERATOR_TYPE=accelerator, TPU_WORKER_ID='0', TPU_WORKER_HOSTNAMES='localhost')
+        if host_bounds: os.environ.update(TPU_HOST_BOUNDS=host_bounds, TPU_CHIPS_PER_HOST_BOUNDS=chips_per_host)
+        tpu.configure_topology(local_rank, processes)
+        out.setdefault(host, []).append({{k: os.environ.get(k) for k in ('TPU_VISIBLE_CHIPS', 'TPU_CHIPS_PER_PROCESS_BOUNDS',
+            'TPU_PROCESS_BOUNDS', 'CLOUD_TPU_TASK_ID', 'TPU_PROCESS_PORT', 'TPU_PROCESS_ADDRESSES')}})
+print('RESULT ' + json.dumps(out))
+'''
+# host -> (its accelerator type as the TPU metadata names it, host bounds, chips per host: the metadata's `tpu-env`, chips)
+TPU_HOSTS = {'v3-8': ('v3-8', None, None, 4), 'v4-8': ('v4-8', '1,1,1', '2,2,1', 4),
+             'v5e-8': ('v5litepod-8', '1,1,1', '2,4,1', 8), 'v6e-8': ('v6e-8', '1,1,1', '2,4,1', 8)}
+
+def test_torchrun_replicas_of_a_tpu_host_get_disjoint_chips_and_ports_from_torch_xla():
+    """What torch_xla's own multi-process set-up (`configure_topology`, which `start_agent_replica` runs through
+    `initialize_multiprocess` in every torchrun replica) gives each of a host's processes on v3-8, v4-8, v5e-8 and v6e-8 hosts,
+    computed by torch_xla itself under its documented metadata overrides (`TPU_SKIP_MDS_QUERY` and the `TPU_*` variables its
+    `build_tpu_env_from_vars` reads, in place of the GCE metadata server): one chip each, the chips disjoint and covering the
+    host, a port each, every process the same bounds and addresses, the task ids the local ranks. Nothing of torch_xla
+    faked; no TPU (the runtime is not started: on a chip that is where each process opens its own). On v3-8 each process's chip
+    has two cores, which torchrun's one replica a process cannot use: `check_agent_placement` refuses it, naming `spawn`."""
+    out = result(run_py(TOPOLOGY.format(hosts=TPU_HOSTS), env={'PJRT_DEVICE': 'TPU'}))
+    for host, (_, _, _, n) in TPU_HOSTS.items():
+        procs = out[host]
+        assert sorted(int(p['TPU_VISIBLE_CHIPS']) for p in procs) == list(range(n)), (host, procs)      # disjoint, the whole host
+        assert [int(p['CLOUD_TPU_TASK_ID']) for p in procs] == list(range(n)), host                     # task = local rank
+        assert len({p['TPU_PROCESS_PORT'] for p in procs}) == n and all(p['TPU_CHIPS_PER_PROCESS_BOUNDS'] == '1,1,1' for p in procs)
+        assert len({(p['TPU_PROCESS_BOUNDS'], p['TPU_PROCESS_ADDRESSES']) for p in procs}) == 1, host    # one view of the host
+        bounds = [int(x) for x in procs[0]['TPU_PROCESS_BOUNDS'].split(',')]
+        assert bounds[0] * bounds[1] * bounds[2] == n and procs[0]['TPU_PROCESS_ADDRESSES'].count(':') == n, (host, procs[0])
+    print('\n'.join(f"{h}: {len(ps)} processes, bounds {ps[0]['TPU_PROCESS_BOUNDS']}, chips "
+                    f"{[p['TPU_VISIBLE_CHIPS'] for p in ps]}, ports {[p['TPU_PROCESS_PORT'] for p in ps]}" for h, ps in out.items()))

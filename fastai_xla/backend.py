@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters'
            'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
            'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #4098fbf7
+# %% ../nbs/00_backend.ipynb #b34a179d
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -97,6 +97,7 @@ class Counters:
         "Seconds spent so far `compiling`, `waiting_for_device` (the host blocked on it), `executing` (the device busy), `transferring_in` (to the device): what the runtime measures; nothing where it does not."
         return {}
     def fallback_counts(self) -> dict: "`{operation: count}` of operations that ran on the CPU instead of the device."; return {}
+    def report(self) -> list: "Lines saying why the compiler cut a graph or compiled again, in this process so far."; return []
     def op_counts(self) -> dict: "`{operation: count}` of device operations traced so far."; return {}
     def graph_hlo(self, tensors:list) -> str: "The compiled program computing `tensors` (tests, the self-check)."; return ''
     def compile_cache_started(self) -> bool: "Has this process started its compile cache (or compiled anything)?"; return False

@@ -14,7 +14,8 @@ from fastai.data.load import DataLoader
 from fastai.data.transforms import IntToFloatTensor, Normalize
 from .compat import FakeLoader, move_pipeline_to, torch_loader
 from .core import (
-    device_kind, drawn_seed, map_tensors, move_to_device, swap_class, tensors_in, to_host, transform_versions, xla_device)
+    device_kind, map_tensors, move_to_device, swap_class, tensors_in, to_host, transform_versions, xla_device)
+from .settings import drawn_seed
 
 # %% auto #0
 __all__ = ['batch_shapers', 'replica_sources', 'register_device_tfm', 'device_version', 'run_on_device', 'run_all_on_device',

@@ -13,7 +13,8 @@ from .backend import backend_for
 from .settings import current_settings
 from .replicas import check_nprocs_arg, pid_alive
 from .agent import ReplicasFailed, no_room
-from .core import AutogradStartedFirst, drawn_seed
+from .core import AutogradStartedFirst
+from .settings import drawn_seed
 from .data import check_loaders
 from .meetings import TellingFailures
 from .resume import launch_records, restore_history, rng_states

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time, uuid
 import torch.distributed as dist
 from .backend import Collectives, backend_for
-from .settings import Settings, current_backend, current_settings, this_thread
-from .core import drawn_seed
+from .settings import Settings, current_backend, current_settings, this_thread, drawn_seed
 from .meetings import Meetings
 
 # %% auto #0

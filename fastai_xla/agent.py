@@ -87,7 +87,7 @@ class ReplicasFailed(RuntimeError):
         super().__init__(f"{records[first]}{more}")
     statuses = property(lambda self: {r: x.status for r, x in self.records.items()}, doc="`{rank: exit status}` (None: stopped by the launcher)")
 
-# %% ../nbs/00f_agent.ipynb #14ddecc6
+# %% ../nbs/00f_agent.ipynb #b3167547
 # what torch's agent sets in a replica's environment: kept over the launching process's
 _AGENT_VARIABLES = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'GROUP_WORLD_SIZE', 'ROLE_RANK', 'ROLE_NAME',
                     'ROLE_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'TORCH_NCCL_ASYNC_ERROR_HANDLING', 'OMP_NUM_THREADS')
@@ -142,8 +142,6 @@ def replica_main(folder) -> int:
         _launcher[:] = [launcher]
         if method == 'forkserver': _print_where_the_launcher_does(launcher)
         agents = {k: v for k, v in os.environ.items() if _from_agent(k)}
-        for ours, torchs in (('FASTAI_XLA_LOCAL_RANK', 'LOCAL_RANK'), ('FASTAI_XLA_LOCAL_WORLD_SIZE', 'LOCAL_WORLD_SIZE')):
-            if ours in env: agents[torchs] = env[ours]        # (a launcher that gave its replicas their host-local place: tests play a pod's hosts so)
         os.environ.clear(); os.environ.update({**env, **agents})
         watch_launcher(launcher)
         base = current_settings()
@@ -252,7 +250,7 @@ def wait_for_agent(done:threading.Event, pids, tick=None, grace:float=5.) -> dic
     if tick is not None: tick()
     return passed
 
-# %% ../nbs/00f_agent.ipynb #a877b552
+# %% ../nbs/00f_agent.ipynb #597e6dc8
 _PRELOADED_IF_IMPORTED = ('fastai.vision.all', 'fastai.tabular.all', 'fastai.text.all', 'fastai.collab')
 
 def fork_server_preload(runtime_modules=()) -> list:
@@ -289,7 +287,7 @@ class ElasticLauncher(Launcher):
     def _write_job(self, folder:Path, fn, args, nprocs:int, method:str):
         runtime = backend_for(self.settings).runtime
         secret = self.settings.secret or secrets.token_hex(16)   # (one per launch: other users of this machine reach loopback too)
-        ours = replica_env(self.settings.with_(rank=None, world_size=None, master_addr=None, master_port=None, store_addr=None, secret=secret))
+        ours = replica_env(self.settings.with_(rank=None, world_size=None, master_addr=None, master_port=None, secret=secret))
         env = {**{k: v for k, v in os.environ.items() if not _from_agent(k) and k not in SETTINGS_VARIABLES}, **ours}
         job = (fn, tuple(args), env, self.threads, os.getpid(), method)
         if method in ('fork', 'forkserver'): runtime.preload()   # (what each replica imports: inherited, not imported n times)

@@ -192,7 +192,7 @@ def leave_in_order_at_exit():
     if _leaving: return
     _leaving.append(atexit.register(leave_in_order))
 
-# %% ../nbs/04_distributed.ipynb #0529a3dc
+# %% ../nbs/04_distributed.ipynb #079becea
 _ENDED_BY_SIGTERM = {PREEMPTED_STATUS, -signal.SIGTERM, INTERRUPTED_STATUS, None}   # (stopped after a vote, by the signal, by the launcher)
 _STOPPED_OUTSIDE_FIT = ("fastai_xla: preempted (SIGTERM to the launching process): the replicas stopped outside a fit (nothing saved).")
 
@@ -229,7 +229,7 @@ def refuse_inside_a_run(settings:Settings, what:str):
     "Refuse to start replicas (`what`) from a process that is itself a replica of a run: each replica would start a run of its own."
     if not (settings.in_group or this_thread.run is not None and this_thread.run.together): return
     place = f'replica {settings.rank} of {settings.world_size}' if settings.in_group else f'replica {this_thread.run.ordinal}'
-    by = "started by torchrun (torch's agent)" if settings.supervised else "placed by RANK and WORLD_SIZE (or FASTAI_XLA_RANK...)"
+    by = "started by torchrun (torch's agent)" if settings.supervised else "placed by RANK and WORLD_SIZE"
     raise RuntimeError(f"{what} starts the replicas of a run, and this process is already {place} of one, {by}: every replica would "
                        "start a run of its own (twice the replicas, each with all the data). Under torchrun, call "
                        "`learn.to_tpu_distributed()` in every process instead, and `learn.fit(...)`: torchrun has started the "

@@ -64,7 +64,7 @@ class RelayProgressCallback(Callback):
         self.in_fit, self.learn.logger = False, self.old_logger
         self.log.send('end')
 
-# %% ../nbs/04c_launched.ipynb #42a178f3
+# %% ../nbs/04c_launched.ipynb #9570d6d8
 def _run_replica(job_dir, job):
     "Body of every launched replica: the `job` (the learner, the function and its arguments, `to_tpu_distributed`'s, the launching process's random state; pickled unless the replica was forked), trained, and (master) its result written in `job_dir`. Its error is its record's (`00f_agent`)."
     job_dir = Path(job_dir)
@@ -107,7 +107,7 @@ def _returned(out) -> dict:
 
 def _safe_ordinal():
     try: return replica_ordinal()
-    except Exception: return os.environ.get('FASTAI_XLA_RANK', '?')
+    except Exception: return os.environ.get('RANK', '?')
 
 def replica_entry(index, job_dir, job):
     "What every replica runs, whatever started it (torch's agent, `xmp.spawn`): the launch's `job`, its files in `job_dir`."

@@ -14,7 +14,7 @@ from .agent import watch_launcher
 __all__ = ['ReplicasDiverged', 'master_gone_message', 'Meetings', 'Supervisor', 'AgentSupervisor', 'StoreSupervisor',
            'ended_with', 'TellingFailures']
 
-# %% ../nbs/00g_meetings.ipynb #ee693f96
+# %% ../nbs/00g_meetings.ipynb #5c9e6a3a
 class ReplicasDiverged(RuntimeError):
     "Replicas are not in the same collective, or one of them is gone: one would wait for the others forever."
 
@@ -27,7 +27,7 @@ _advice = ("Every collective runs on every replica: call fit, validate and get_p
            "result to the notebook.")
 
 def _store_host(settings:Settings) -> str:
-    if settings.store_addr or settings.master_addr: return settings.store_addr or settings.master_addr
+    if settings.master_addr: return settings.master_addr
     try: return socket.gethostbyname(socket.gethostname())
     except OSError: return '127.0.0.1'
 

@@ -19,7 +19,7 @@ __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_sig
            'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
            'reset_signals', 'named_signals', 'SignalNotice']
 
-# %% ../nbs/00c_replicas.ipynb #51d1abe4
+# %% ../nbs/00c_replicas.ipynb #f0eb8c49
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 def _wire_groups(tensors) -> list:
@@ -41,18 +41,18 @@ def _copy_parts_(tensors, flat):
 
 def joining_error(s:Settings, e:Exception) -> Exception:
     "What to tell a replica that could not join the others (`e`: torch.distributed's error)."
-    where = f"{s.master_addr}:{s.master_port} (FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT)"
+    where = f"{s.master_addr}:{s.master_port} (MASTER_ADDR, MASTER_PORT)"
     if 'EADDRINUSE' in str(e) or 'address already in use' in str(e).lower():
         return RuntimeError(f"Replica 0 cannot serve the replicas' meeting at {where}: another process holds that port. "
                             f"Choose a free port for every replica (`learn.launch` and `spawn` pick one themselves).")
     if isinstance(e, OSError):
-        return RuntimeError(f"Replica 0 cannot serve the replicas' meeting at {where} ({e}): FASTAI_XLA_MASTER_ADDR must be an "
+        return RuntimeError(f"Replica 0 cannot serve the replicas' meeting at {where} ({e}): MASTER_ADDR must be an "
                             f"address of replica 0's own machine (127.0.0.1 when every replica runs on one).")
     return RuntimeError(f"Replica {s.rank} of {s.world_size} waited {s.timeout:.0f} s (FASTAI_XLA_TIMEOUT) for the others to "
-                        f"meet at {where}, and not all came ({e}). Start every replica, FASTAI_XLA_RANK 0 to {s.world_size - 1}, "
-                        f"with the same FASTAI_XLA_WORLD_SIZE, FASTAI_XLA_MASTER_ADDR, FASTAI_XLA_MASTER_PORT and FASTAI_XLA_SECRET.")
+                        f"meet at {where}, and not all came ({e}). Start every replica, RANK 0 to {s.world_size - 1}, "
+                        f"with the same WORLD_SIZE, MASTER_ADDR, MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #68e48258
+# %% ../nbs/00c_replicas.ipynb #f86d61b0
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address (`127.x.x.x`, `::1`, `localhost`)?"
     import ipaddress
@@ -172,7 +172,7 @@ def check_exposure(s:Settings):
                          f"and the run spans several hosts (WORLD_SIZE={s.world_size}, LOCAL_WORLD_SIZE={s.local_world_size}) "
                          f"without a secret: anyone who reaches that port could stop the run or feed it false votes. {give}.")
     if s.agent_store or is_loopback(s.master_addr): return   # (one host: torch's agent's replicas share `agent_secret`)
-    raise ValueError(f"The replicas' meeting store would listen on {s.master_addr} (FASTAI_XLA_MASTER_ADDR, or MASTER_ADDR), which "
+    raise ValueError(f"The replicas' meeting store would listen on {s.master_addr} (MASTER_ADDR), which "
                      f"the network reaches, and the run has no secret: anyone who reaches it could stop the run or feed it false "
                      f"votes. {give}, or, when every replica runs on this host, meet on loopback (set the address you set to 127.0.0.1).")
 

@@ -13,7 +13,7 @@ from .backend import BACKENDS, Backend, backend_for
 __all__ = ['TRANSPORTS', 'TORCH_NAMES', 'SETTINGS_VARIABLES', 'this_thread', 'Settings', 'replica_env', 'drawn_seed',
            'current_settings', 'current_backend']
 
-# %% ../nbs/00_settings.ipynb #33027566
+# %% ../nbs/00_settings.ipynb #1280d1e4
 TRANSPORTS = ('xla', 'gloo')
 
 def _number(env, name:str, default, kind=float, low=None, high=None):
@@ -60,17 +60,18 @@ def _secret(env) -> str|None:
 TORCH_NAMES = dict(rank='RANK', world_size='WORLD_SIZE', local_rank='LOCAL_RANK', local_world_size='LOCAL_WORLD_SIZE',
                    master_addr='MASTER_ADDR', master_port='MASTER_PORT')
 
-def _place(env, field:str, ours:str, read):
-    "A replica's place `field` from fastai_xla's variable `ours` or PyTorch's (torchrun's), read by `read(env, name)`: a clear error where both are set and disagree."
-    theirs = TORCH_NAMES[field]
-    mine = read(env, ours)
-    if not (env.get('RANK', '').strip() and env.get('WORLD_SIZE', '').strip()): return mine   # (PyTorch's names count as a set)
-    torch_value = read(env, theirs)
-    if mine is not None and torch_value is not None and mine != torch_value:
-        raise ValueError(f"{ours}={env[ours]!r} and {theirs}={env[theirs]!r} (PyTorch's, set by torchrun or your cluster) disagree "
-                         f"on this replica's place. Unset {ours}: under torchrun (or any launcher that sets {theirs}) fastai_xla "
-                         f"reads PyTorch's variables; or make them equal.")
-    return mine if mine is not None else torch_value
+def _place(env, field:str, read):
+    "A replica's place `field` from PyTorch's name for it (torchrun's), read by `read(env, name)`; none unless `RANK` and `WORLD_SIZE` are both set (they count as a set)."
+    if not (env.get('RANK', '').strip() and env.get('WORLD_SIZE', '').strip()): return None
+    return read(env, TORCH_NAMES[field])
+
+_DROPPED = {**{f'FASTAI_XLA_{n}': n for n in TORCH_NAMES.values()}, 'FASTAI_XLA_STORE_ADDR': 'MASTER_ADDR'}   # (read before 0.1.0)
+
+def _check_dropped(env):
+    "Refuse fastai_xla's former names of a replica's place: set, they would now be ignored, and the replica would train alone."
+    old = [k for k in _DROPPED if env.get(k, '').strip()]
+    if old: raise ValueError(f"{', '.join(old)}: fastai_xla reads a replica's place from PyTorch's names alone, as torchrun sets them. "
+                             f"Set {', '.join(dict.fromkeys(_DROPPED[k] for k in old))} instead, and unset {', '.join(old)}.")
 
 def _check_torch_pair(env):
     "PyTorch's `RANK` and `WORLD_SIZE` come as a pair: one alone that places a replica in a group (a rank past 0, a world past 1) is refused, not ignored (which would train one replica alone)."
@@ -90,7 +91,7 @@ class Settings:
     "fastai_xla's settings (see the table above), read once from the environment and the entry point's arguments, checked."
     backend:str|None=None; native_device:str|None=None; transport:str='xla'; timeout:float=300.; fault_grace:float=10.; heartbeat:float=30.
     rank:int|None=None; world_size:int|None=None; local_rank:int|None=None; local_world_size:int|None=None
-    master_addr:str|None=None; master_port:int|None=None; store_addr:str|None=None
+    master_addr:str|None=None; master_port:int|None=None
     secret:str|None=field(default=None, repr=False)   # (never printed: a settings' repr lands in logs and error messages)
     run_id:str|None=None; restart_count:int=0; agent_store:bool=False   # (torch's elastic agent's: see the table)
 
@@ -106,22 +107,16 @@ class Settings:
                   timeout=_number(env, 'FASTAI_XLA_TIMEOUT', 300., float, low=0.001),
                   fault_grace=_number(env, 'FASTAI_XLA_FAULT_GRACE', 10., float, low=0),
                   heartbeat=_number(env, 'FASTAI_XLA_HEARTBEAT', 30., float, low=1),
-                  rank=_place(env, 'rank', 'FASTAI_XLA_RANK', _int(0)),
-                  world_size=_place(env, 'world_size', 'FASTAI_XLA_WORLD_SIZE', _int(1)),
-                  local_rank=_place(env, 'local_rank', 'FASTAI_XLA_LOCAL_RANK', _int(0)),
-                  local_world_size=_place(env, 'local_world_size', 'FASTAI_XLA_LOCAL_WORLD_SIZE', _int(1)),
-                  master_addr=_place(env, 'master_addr', 'FASTAI_XLA_MASTER_ADDR', _text),
-                  master_port=_place(env, 'master_port', 'FASTAI_XLA_MASTER_PORT', _int(1, 65535)),
-                  store_addr=env.get('FASTAI_XLA_STORE_ADDR') or env.get('MASTER_ADDR') or None,
+                  rank=_place(env, 'rank', _int(0)), world_size=_place(env, 'world_size', _int(1)),
+                  local_rank=_place(env, 'local_rank', _int(0)), local_world_size=_place(env, 'local_world_size', _int(1)),
+                  master_addr=_text(env, 'MASTER_ADDR'), master_port=_place(env, 'master_port', _int(1, 65535)),
                   secret=_secret(env),
                   run_id=_text(env, 'TORCHELASTIC_RUN_ID'),
                   restart_count=_number(env, 'TORCHELASTIC_RESTART_COUNT', 0, int, low=0),
                   agent_store=env.get('TORCHELASTIC_USE_AGENT_STORE', '').strip().lower() == 'true')
-        _check_torch_pair(env)
+        _check_torch_pair(env); _check_dropped(env)
         if res.rank is not None and res.world_size is not None and res.rank >= res.world_size:
-            rank, world = (next(n for n in (ours, theirs) if env.get(n, '').strip()) for ours, theirs in
-                           (('FASTAI_XLA_RANK', 'RANK'), ('FASTAI_XLA_WORLD_SIZE', 'WORLD_SIZE')))
-            raise ValueError(f"{rank}={res.rank} must be below {world}={res.world_size}: replicas count from 0, so a run of "
+            raise ValueError(f"RANK={res.rank} must be below WORLD_SIZE={res.world_size}: replicas count from 0, so a run of "
                              f"{res.world_size} has ranks 0 to {res.world_size - 1}.")
         # (a replica's environment must place it in its group; a launcher asked for `transport='gloo'` places its replicas itself)
         if res.transport == 'gloo' and transport is None: res.check_group('FASTAI_XLA_TRANSPORT=gloo')
@@ -129,11 +124,10 @@ class Settings:
 
     def check_group(self, what:str):
         "Raise unless the settings place this replica in a group of processes (rank, world size, where they meet)."
-        missing = [n for n, v in [('FASTAI_XLA_RANK', self.rank), ('FASTAI_XLA_WORLD_SIZE', self.world_size),
-                                  ('FASTAI_XLA_MASTER_ADDR', self.master_addr), ('FASTAI_XLA_MASTER_PORT', self.master_port)] if v is None]
+        missing = [n for n, v in [('RANK', self.rank), ('WORLD_SIZE', self.world_size), ('MASTER_ADDR', self.master_addr),
+                                  ('MASTER_PORT', self.master_port)] if v is None]
         if missing: raise ValueError(f"{what} needs {', '.join(missing)} too (`learn.launch`, `spawn` and torchrun set them all).")
-        if self.rank >= self.world_size:
-            raise ValueError(f"FASTAI_XLA_RANK={self.rank} must be below FASTAI_XLA_WORLD_SIZE={self.world_size}.")
+        if self.rank >= self.world_size: raise ValueError(f"RANK={self.rank} must be below WORLD_SIZE={self.world_size}.")
         return self
 
     in_group = property(lambda self: self.rank is not None, doc="Is this replica one of a group of processes the settings name (rank, world size)?")
@@ -151,15 +145,12 @@ class Settings:
         "A copy with `changes`."
         return replace(self, **changes)
 
-# %% ../nbs/00_settings.ipynb #fe790ef2
+# %% ../nbs/00_settings.ipynb #43b43ac3
 _VARIABLES = dict(backend='FASTAI_XLA_BACKEND', native_device='FASTAI_XLA_NATIVE_DEVICE', transport='FASTAI_XLA_TRANSPORT', timeout='FASTAI_XLA_TIMEOUT',
-                  fault_grace='FASTAI_XLA_FAULT_GRACE', heartbeat='FASTAI_XLA_HEARTBEAT', rank='FASTAI_XLA_RANK',
-                  world_size='FASTAI_XLA_WORLD_SIZE', local_rank='FASTAI_XLA_LOCAL_RANK',
-                  local_world_size='FASTAI_XLA_LOCAL_WORLD_SIZE', master_addr='FASTAI_XLA_MASTER_ADDR',
-                  master_port='FASTAI_XLA_MASTER_PORT', store_addr='FASTAI_XLA_STORE_ADDR', secret='FASTAI_XLA_SECRET',
+                  fault_grace='FASTAI_XLA_FAULT_GRACE', heartbeat='FASTAI_XLA_HEARTBEAT', **TORCH_NAMES, secret='FASTAI_XLA_SECRET',
                   run_id='TORCHELASTIC_RUN_ID', restart_count='TORCHELASTIC_RESTART_COUNT', agent_store='TORCHELASTIC_USE_AGENT_STORE')
 
-SETTINGS_VARIABLES = frozenset(_VARIABLES.values())   # (every variable a field of `Settings` is read from, but PyTorch's names)
+SETTINGS_VARIABLES = frozenset(_VARIABLES.values())   # (every variable a field of `Settings` is read from)
 
 def replica_env(settings:Settings) -> dict:
     "The environment variables that make a process read `settings` (those that are set)."
@@ -174,7 +165,7 @@ def drawn_seed(seed, where:str='seed') -> int:
     hint = f" (`{where}={int(seed)}`)" if isinstance(seed, str) and seed.strip().lstrip('-').isdigit() else ''
     raise TypeError(f"{where} must be an integer or None, not {seed!r} ({type(seed).__name__}): pass an int{hint}.")
 
-# %% ../nbs/00_settings.ipynb #8c4dfd0f
+# %% ../nbs/00_settings.ipynb #6d6857b9
 class _ThisThread(threading.local):
     "What belongs to the replica the current thread trains as."
     settings = None   # given by a launcher of replica threads, instead of the environment (see `current_settings`)
@@ -185,7 +176,7 @@ class _ThisThread(threading.local):
 this_thread = _ThisThread()
 os.register_at_fork(after_in_child=lambda: this_thread.__dict__.clear())   # a forked replica is a replica of its own
 
-_READ = tuple(sorted({*_VARIABLES.values(), *TORCH_NAMES.values()}))   # (every variable `Settings.from_env` reads)
+_READ = tuple(sorted({*_VARIABLES.values(), *_DROPPED}))   # (every variable `Settings.from_env` reads)
 _settled = {}   # (the environment's variables, the entry point's arguments) -> Settings: each environment read once
 
 def current_settings(**given) -> Settings:

@@ -50,22 +50,23 @@ def test_save_on_the_master_only_neither_hangs_nor_breaks_load(tmp_path):
     assert len(digests) == 2 and digests[0] == digests[1]
     assert (tmp_path/'models'/'by_master.pth').exists()
 
-def save_on_separate_hosts(learn, out_dir):
-    learn.path = Path(out_dir, f'host{replica_ordinal()}')   # each "host" has its own disk
-    learn.fit(1, 1e-2)
-    learn.save('every_host')
-    learn.load('every_host')
-    Path(out_dir, f'digest-{replica_ordinal()}').write_text(str(sum(p.double().sum().item() for p in learn.model.parameters())))
+EVERY_HOST = """
+from helpers import *
+from test_replicas import indexed_learner
+learn = indexed_learner(bs=32, path=Path(f'host{replica_ordinal()}')).to_tpu_distributed(seed=0)   # each "host": its own disk
+learn.fit(1, 1e-2)
+learn.save('every_host')
+learn.load('every_host')
+Path(f'digest-{replica_ordinal()}').write_text(str(sum(p.double().sum().item() for p in learn.model.parameters())))
+"""
 
-def test_each_host_writes_its_own_checkpoint(tmp_path, monkeypatch):
-    """A pod's rule with 2 real replica processes playing two hosts (each the first replica of its
-    host, `FASTAI_XLA_LOCAL_RANK=0`), each with a directory of its own for a disk. Not covered: real
-    separate machines and torch_xla's multi-host runtime (which gives `xr.local_ordinal()`)."""
-    from test_replicas import indexed_learner
-    monkeypatch.setenv('FASTAI_XLA_LOCAL_RANK', '0')
-    monkeypatch.setenv('FASTAI_XLA_TIMEOUT', '60')     # a replica waiting for a file no one writes fails fast
-    learn = indexed_learner(bs=32, path=tmp_path)
-    learn.launch(save_on_separate_hosts, str(tmp_path), nprocs=2, transport='gloo')
+def test_each_host_writes_its_own_checkpoint(tmp_path):
+    """A pod's rule with 2 replica processes started by hand as two hosts (each the first replica of its host: `LOCAL_RANK=0`
+    of `LOCAL_WORLD_SIZE=1`, over gloo), each with a directory of its own for a disk: each writes the checkpoint, each loads
+    its own. Not covered: real separate machines and torch_xla's multi-host runtime (which gives `xr.local_ordinal()`)."""
+    from test_faults import start_replicas, wait_all
+    codes, _ = wait_all(start_replicas(EVERY_HOST, tmp_path, n=2, per_host=1, FASTAI_XLA_TIMEOUT='60'))
+    assert codes == [0, 0], [(tmp_path/f'err-{r}.txt').read_text()[-3000:] for r in (0, 1)]
     assert all((tmp_path/f'host{i}'/'models'/'every_host.pth').exists() for i in (0, 1))
     digests = [p.read_text() for p in sorted(tmp_path.glob('digest-*'))]
     assert len(digests) == 2 and digests[0] == digests[1]

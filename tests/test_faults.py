@@ -1,5 +1,5 @@
 """Faults, each one for real, and what the other replicas see. Replicas here are separate Python processes started one
-by one with their own environment (`FASTAI_XLA_RANK`, ..., gloo), as a pod's hosts start theirs: no launcher watches
+by one with their own environment (`RANK`, ..., gloo), as a pod's hosts start theirs: no launcher watches
 them, so what stops the others is fastai_xla's own telling (the meeting store) and heartbeats. Each test writes its row
 of the README's fault table (what the user sees, how long it took, what was lost) to `$FASTAI_XLA_FAULT_TABLE` when
 that is set (`benchmarks/faults.py` collects them).
@@ -129,7 +129,7 @@ learn = linear_digits_learner().to_tpu_distributed(seed=0)
 def test_a_replica_that_never_starts(tmp_path):
     "Replica 1 of 2 is never started: replica 0 stops after FASTAI_XLA_TIMEOUT, saying who did not come and what to check."
     t = time.time()
-    codes, ended = wait_all(start_replicas(NEVER_MEETS, tmp_path, n=1, FASTAI_XLA_WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5'))
+    codes, ended = wait_all(start_replicas(NEVER_MEETS, tmp_path, n=1, WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5'))
     err0 = (tmp_path/'err-0.txt').read_text()
     said = re.search(r'Replica 0 of 2 waited 5 s \(FASTAI_XLA_TIMEOUT\) for the others to meet at .*, and not all came', err0)
     assert codes[0] != 0 and said, err0[-3000:]
@@ -137,13 +137,13 @@ def test_a_replica_that_never_starts(tmp_path):
               "start every replica (seconds: from its start, imports included)", ended - t, 'nothing (nothing ran)')
 
 def test_the_meeting_port_is_taken(tmp_path):
-    "Another process listens on FASTAI_XLA_MASTER_PORT: replica 0 says so at once."
+    "Another process listens on MASTER_PORT: replica 0 says so at once."
     import socket
     with socket.socket() as taken:
         taken.bind(('127.0.0.1', 0)); taken.listen()
         t = time.time()
-        procs = start_replicas(NEVER_MEETS, tmp_path, n=1, FASTAI_XLA_WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5',
-                               FASTAI_XLA_MASTER_PORT=str(taken.getsockname()[1]))
+        procs = start_replicas(NEVER_MEETS, tmp_path, n=1, WORLD_SIZE='2', FASTAI_XLA_TIMEOUT='5',
+                               MASTER_PORT=str(taken.getsockname()[1]))
         codes, ended = wait_all(procs)
     err0 = (tmp_path/'err-0.txt').read_text()
     assert codes[0] != 0 and 'another process holds that port' in err0, err0[-3000:]
@@ -199,14 +199,15 @@ def test_validate_and_get_preds_with_an_empty_validation_set_answer_as_fastai(tm
         with learn.no_bar(): assert list(learn.validate()) == [None, None] and tuple(learn.get_preds()) == (None, None)
 
 BAD_VALUES = [('FASTAI_XLA_TIMEOUT', '-1'), ('FASTAI_XLA_FAULT_GRACE', 'soon'), ('FASTAI_XLA_HEARTBEAT', '0'),
-              ('FASTAI_XLA_TRANSPORT', 'mpi'), ('FASTAI_XLA_RANK', '-1'), ('FASTAI_XLA_WORLD_SIZE', '0'),
-              ('FASTAI_XLA_LOCAL_RANK', 'first'), ('FASTAI_XLA_LOCAL_WORLD_SIZE', '0'), ('FASTAI_XLA_MASTER_PORT', 'port')]
+              ('FASTAI_XLA_TRANSPORT', 'mpi'), ('RANK', '-1'), ('WORLD_SIZE', '0'),
+              ('LOCAL_RANK', 'first'), ('LOCAL_WORLD_SIZE', '0'), ('MASTER_PORT', 'port')]
 
 @pytest.mark.parametrize('name,bad', BAD_VALUES)
 def test_a_bad_value_of_every_variable_is_named(name, bad):
     "Each variable's bad value is refused when the settings are read (`Settings.from_env`, what every replica reads at start)."
     t = time.time()
-    with pytest.raises(ValueError) as e: Settings.from_env({name: bad})
+    placed = {'RANK': '0', 'WORLD_SIZE': '2'} if name in TORCH_NAMES.values() else {}   # (PyTorch's names of a place count as a set)
+    with pytest.raises(ValueError) as e: Settings.from_env({**placed, name: bad})
     assert f'{name}={bad!r}' in str(e.value) and ('Set it to' in str(e.value) or 'must be' in str(e.value)), str(e.value)
     fault_row(f'`{name}={bad}`', f'`{str(e.value)[:90]}...`', time.time() - t, 'nothing (nothing ran)')
 

@@ -1,5 +1,5 @@
 """A pod, simulated on one machine: 2 hosts x 2 replicas as 4 processes over gloo, started by hand as the README's pod
-recipe starts them on every worker, each "host" with its own local ranks (FASTAI_XLA_LOCAL_RANK 0 and 1), its own
+recipe starts them on every worker, each "host" with its own local ranks (LOCAL_RANK 0 and 1), its own
 checkpoint folder (a host's local disk) and its own local master. Checked: the shards of every epoch are disjoint and
 cover the validation set, each host writes its own checkpoint, the metrics equal one device's over the same weights,
 one progress table (the global master's), and a run preempted on one replica of the second host resumes to the weights
@@ -19,7 +19,7 @@ SCRIPT = """
 import os, json, time, signal, threading
 from helpers import *
 from test_replicas import indexed_learner, RecordItems, _params_digest
-host = int(os.environ['FASTAI_XLA_RANK']) // int(os.environ['FASTAI_XLA_LOCAL_WORLD_SIZE'])
+host = int(os.environ['RANK']) // int(os.environ['LOCAL_WORLD_SIZE'])
 learn = indexed_learner(bs=16, path=Path(f'host{host}'))          # each host: its own disk
 learn.to_tpu_distributed(seed=0)
 

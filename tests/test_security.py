@@ -58,7 +58,7 @@ def test_a_stranger_without_the_secret_can_neither_stop_nor_preempt_nor_run_code
     addr = network_address()
     if addr is None: pytest.skip('this machine has no network address apart from loopback')
     port = free_port()
-    procs = start_replicas(SCRIPT, tmp_path, n=2, per_host=1, FASTAI_XLA_MASTER_ADDR=addr, FASTAI_XLA_MASTER_PORT=str(port),
+    procs = start_replicas(SCRIPT, tmp_path, n=2, per_host=1, MASTER_ADDR=addr, MASTER_PORT=str(port),
                            FASTAI_XLA_SECRET='a-run-secret-0123456789abcdef')
     stop, acts = threading.Event(), []
     stranger = threading.Thread(target=_stranger, args=(addr, port, stop, acts), daemon=True)

@@ -8,11 +8,11 @@ import os, glob, threading, importlib, importlib.util, importlib.metadata
 import torch
 
 # %% auto #0
-__all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops', 'Backend',
-           'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend', 'backend_class',
-           'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
+__all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'check_start_method', 'Launcher', 'Counters', 'Profiler', 'SPMD',
+           'Loops', 'Backend', 'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend',
+           'backend_class', 'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #b34a179d
+# %% ../nbs/00_backend.ipynb #037580fd
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -43,7 +43,7 @@ class Runtime:
     def use_thread_device(self, index:int): "Make the calling thread, replica thread `index` of its process, use its own device."
     modules = ()         # what each replica of this runtime imports (torch_xla's: ~5 s of a core), which `preload` imports first
     def preload(self):
-        "Import `modules` without starting the device: replica processes forked from this process (or its fork server) inherit them."
+        "Import `modules` without starting the device: replica processes forked from this process inherit them."
         import importlib
         for m in self.modules: importlib.import_module(m)
 
@@ -70,11 +70,18 @@ class Collectives:
 
 Alone = Collectives   # the collectives of a run of one replica: nothing to reach
 
+def check_start_method(asked:str):
+    "Refuse a start method a launch does not take, saying which it takes."
+    if asked not in ('auto', 'fork', 'spawn'):
+        raise ValueError(f"start_method={asked!r} is not one a launch takes: 'fork' (nothing pickled), 'spawn' (fresh processes, "
+                         "whose device is untouched: what a notebook that used the device needs) or 'auto' (fork where it can).")
+
 class Launcher:
     "Starts the replicas of one host, each running `fn(index, *args)`, and waits for them."
     supervises = False   # (does it watch its replicas and stop them all when one ends badly, as torch's elastic agent does?)
     def start_method(self, asked:str, runtime_started:bool) -> str:
         "The start method to use when `asked` ('auto', 'fork', 'spawn'), refusing one this launcher cannot use."
+        check_start_method(asked)
         if asked != 'auto': return asked
         import multiprocessing
         return 'fork' if 'fork' in multiprocessing.get_all_start_methods() and not runtime_started else 'spawn'

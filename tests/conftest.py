@@ -33,7 +33,7 @@ ON_EVERY_STACK = {   # what torch_xla's version, Python's and the installed pack
     'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_fit_5_compiles_at_most_5_graphs_and_none_after_epoch_1',
         'test_fastai_adam_grouped_on_xla_steps_as_fastais_own', 'test_accum_metrics_are_exact', 'test_save_load_then_fit'],  # learning, the optimizer, compiles
     'test_launch.py': ['test_script_form_with_xmp_spawn', 'test_a_launch_after_an_eager_fit_trains',
-        'test_every_stateful_fastai_optimizer_saves_cpu_tensors'],  # xmp.spawn, spawn and the fork server, pickling
+        'test_every_stateful_fastai_optimizer_saves_cpu_tensors'],  # xmp.spawn, spawn, pickling
     'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
         'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
         'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback', 'test_a_single_host_launch_opens_nothing_beyond_loopback'],
@@ -102,7 +102,7 @@ SLOW['test_tpu_path.py'] = {
 SLOW['test_launch.py'] = {
     'test_launch_a_function_defined_in_main[gloo-2-spawn]': "a launch with spawn from a script's main: test_a_launch_after_an_eager_fit_trains "
         '(spawned after the fork fails; the learner, its loaders and the function pickled)',
-    'test_launches_in_a_row_leave_the_memory_where_it_was[fork]': "the same launches' memory: the [forkserver] case (a notebook's way)"}
+    'test_launches_in_a_row_leave_the_memory_where_it_was[fork]': "the same launches' memory: the [spawn] case (a notebook's way)"}
 SLOW['test_preemption.py'] = {
     'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
         "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}

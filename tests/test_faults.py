@@ -222,20 +222,19 @@ import os, time
 from helpers import *
 from fastai_xla.launch import *
 def train(learn):
-    Path(f'replica-{{replica_ordinal()}}.pid').write_text(f'{{os.getpid()}} {{os.getppid()}}')   # (its parent: the launcher, or its fork server)
+    Path(f'replica-{{replica_ordinal()}}.pid').write_text(f'{{os.getpid()}} {{os.getppid()}}')   # (its parent: the launcher's agent)
     learn.fit(50, 1e-3)                  # long: the launcher dies first
 if __name__ == '__main__':
     learn = linear_digits_learner()
     learn.launch(train, nprocs=2, transport='gloo', start_method={start_method!r})
 """
 
-@pytest.mark.parametrize('start_method', ['fork', 'forkserver'])
+@pytest.mark.parametrize('start_method', ['fork', 'spawn'])
 def test_a_killed_launcher_leaves_no_replica_running(tmp_path, start_method):
     """The process that called `learn.launch` is SIGKILLed (a restarted notebook kernel, a stopped Kaggle session): its
     replicas notice within a second and end; the job folder it left is removed by the next launch (`04a_launch`'s
-    `remove_stale_jobs`, tested there). Forked by the launcher (torch's agent sets their parent-death signal), or by
-    Python's fork server (a notebook that used the device launches that way), whose replicas outlive it (they hold its
-    pipe, and their parent, the server, lives on): fastai_xla's watch of the launching process ends them, then the server ends."""
+    `remove_stale_jobs`, tested there). Forked by the launcher (torch's agent sets their parent-death signal), or fresh
+    interpreters (a notebook that used the device launches that way): fastai_xla's watch of the launching process ends them."""
     (tmp_path/'launch.py').write_text(f'import sys; sys.path.insert(0, {str(TESTS)!r})\n' + ORPHANED.format(start_method=start_method))
     launcher = subprocess.Popen([sys.executable, 'launch.py'], cwd=tmp_path, stdout=open(tmp_path/'out.txt', 'w'),
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -244,7 +243,7 @@ def test_a_killed_launcher_leaves_no_replica_running(tmp_path, start_method):
     seen = [p.read_text().split() for p in tmp_path.glob('replica-*.pid')]
     assert len(seen) == 2, (tmp_path/'out.txt').read_text()[-3000:]
     pids, parents = [int(p) for p, _ in seen], list({int(q) for _, q in seen})
-    assert (parents == [launcher.pid]) == (start_method == 'fork'), (parents, launcher.pid)   # (forkserver: the server's pid)
+    assert parents == [launcher.pid], (parents, launcher.pid)                                 # (the agent's children)
     time.sleep(1)
     killed = time.time()
     launcher.kill(); launcher.wait()
@@ -252,9 +251,9 @@ def test_a_killed_launcher_leaves_no_replica_running(tmp_path, start_method):
     seconds = time.time() - killed
     left = [p for p in pids + parents if pid_alive(p)]
     for p in left: os.kill(p, signal.SIGKILL)
-    assert not left, f'replicas or their fork server {left} still run {seconds:.0f} s after their launcher was killed'
+    assert not left, f'replicas {left} still run {seconds:.0f} s after their launcher was killed'
     fault_row('the process that called `learn.launch` killed (SIGKILL: a restarted kernel, a stopped session)'
-              + (', its replicas forked by its fork server' if start_method == 'forkserver' else ''),
+              + (', its replicas fresh interpreters' if start_method == 'spawn' else ''),
               'every replica ends (' + ("at torch's parent-death signal" if start_method == 'fork' else
               '`fastai_xla: this replica (pid ...) stops: the process that launched it (pid ...) is gone.`') + '); '
               'the next launch removes the job folder it left', seconds, 'the launch in progress (resume from the last checkpoint)')

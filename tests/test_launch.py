@@ -198,7 +198,7 @@ SIGTERM_TO_A_REPLICA = '''
     print('AFTER', round(time.monotonic() - start, 1))
 '''
 
-@pytest.mark.parametrize('method', ['fork', 'forkserver', 'spawn'])
+@pytest.mark.parametrize('method', ['fork', 'spawn'])
 def test_sigterm_to_a_forked_replica_stops_the_run(method):
     """A forked replica acts on SIGTERM as a spawned one does: it used to inherit the launcher's handler, which passes the
     signal on, and so ignored it while the run went on (20 epochs). Without `ResumeCallback`, the `StopOnSignal` `launch`
@@ -210,7 +210,7 @@ def test_sigterm_to_a_forked_replica_stops_the_run(method):
                            env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert 'STOPPED Preempted' in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]        # (before: the 20 epochs ran to their end)
     assert float(re.search(r'AFTER ([0-9.]+)', r.stdout).group(1)) < 120, r.stdout[-3000:]   # (seconds once started)
-    if method == 'fork': fault_row('SIGTERM to one replica, no `ResumeCallback` (fork, forkserver, spawn)', 'every replica stops after the same step; `Preempted` out of '
+    if method == 'fork': fault_row('SIGTERM to one replica, no `ResumeCallback` (fork, spawn)', 'every replica stops after the same step; `Preempted` out of '
               '`launch` (a forked replica used to ignore it, and the run went on)', None, 'the run since its start (nothing saved)')
 
 def test_launch_refuses_when_the_runtime_is_already_running():
@@ -311,14 +311,14 @@ print('LAUNCHED', learn.recorder.values[-1][-1])
 '''
 
 def test_a_launch_after_an_eager_fit_trains():
-    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again from Python's fork server (a fresh process) and says so; the job pickles fastai 2.8.7's loaders (plum's lock: 01_pickling). Run as a notebook's kernel runs cells: no `__main__` file."
+    "A CPU backward pass before the first launch leaves forked replicas without autograd on XLA: `launch` starts them again in fresh processes (`spawn`) and says so; the job pickles fastai 2.8.7's loaders (plum's lock: 01_pickling). Run as a notebook's kernel runs cells: no `__main__` file."
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, '-c', EAGER_THEN_LAUNCH], capture_output=True, text=True, timeout=600, cwd=d, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "starting them again with start_method='forkserver'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert "starting them again with start_method='spawn'" in r.stderr and 'Traceback' not in r.stderr, r.stderr[-3000:]
     assert float(r.stdout.split('LAUNCHED ')[1].split()[0]) > 0.5, r.stdout[-2000:]
     fault_row('`learn.launch` after an eager CPU `fit` in the same notebook', "`fastai_xla: this process ran a backward pass on the CPU "
-              "before its first launch ...: starting them again with start_method='forkserver' (forked from a fresh process, ...)`, and it trains", None, 'nothing (a first try of a few seconds)')
+              "before its first launch ...: starting them again with start_method='spawn' (fresh processes; ...)`, and it trains", None, 'nothing (a first try of a few seconds)')
 
 # --- what a launch says when it cannot go on (issue 48): each message names what is wrong and the fix
 
@@ -365,7 +365,7 @@ def test_what_a_launch_says_when_it_cannot_go_on(tmp_path):
     assert cases['nothing'].startswith('NothingToTrain: The model (Sequential) has no parameters: there is nothing to train'), cases   # (a ValueError: said by one replica for all, which refuse alike)
     assert cases['full'].startswith('OSError: [Errno 27] The launch cannot write its files') and 'set the environment variable TMPDIR' in cases['full'], cases
     assert "LEFT []" in r.stdout, r.stdout[-2000:]                                # (no half-made job folder left behind)
-    assert cases['unpicklable'].startswith("RuntimeError: start_method='forkserver' pickles the learner") and \
+    assert cases['unpicklable'].startswith("RuntimeError: start_method='spawn' pickles the learner") and \
         "start_method='fork' cannot run here either" in cases['unpicklable'], cases
     fault_row('Every replica raises the same error (in the launched function, say)', 'that error out of `launch`, with the first '
               "replica's traceback as a note", None, 'the run')
@@ -390,12 +390,12 @@ for fold in range(4):
 print('RSS', json.dumps(sizes))
 '''
 
-@pytest.mark.parametrize('method', ['fork', 'forkserver'])
+@pytest.mark.parametrize('method', ['fork', 'spawn'])
 def test_launches_in_a_row_leave_the_memory_where_it_was(tmp_path, method):
-    """Four launches from one process (cross-validation's folds), forked, and from the fork server (a process whose device
+    """Four launches from one process (cross-validation's folds), forked, and as fresh interpreters (a process whose device
     runs): after the first (which imports the engine's modules), the launching process's memory stays within 50 MB. (Before:
     1,059 -> 1,235 -> 1,369 MB over three launches.)"""
-    first = 'xla_device()   # (the device runs here: replicas come from the fork server)' if method == 'forkserver' else ''
+    first = 'xla_device()   # (the device runs here: replicas are fresh interpreters)' if method == 'spawn' else ''
     r = subprocess.run([sys.executable, '-c', MEMORY.format(tests=str(Path(__file__).parent), first=first)], capture_output=True,
                        text=True, timeout=600, cwd=tmp_path, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Signals to the process that called `learn.launch`, with every start method (fork, forkserver, spawn), one launching
+"""Signals to the process that called `learn.launch`, with every start method (fork, spawn), one launching
 process per case that launches three times: SIGTERM without `ResumeCallback` (a VM or container shutting down), one
 interrupt (Ctrl-C, the notebook's stop button), and a second interrupt while a replica ignores the first.
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import fault_row
 
 TESTS = Path(__file__).parent
-METHODS = ('fork', 'forkserver', 'spawn')
+METHODS = ('fork', 'spawn')
 
 SCRIPT = '''
 import os, sys, json, time, signal, threading
@@ -64,7 +64,7 @@ for method in sys.argv[2].split(','):
 
 def _launch_with_signals(tmp_path, case):
     (tmp_path/'script.py').write_text(textwrap.dedent(SCRIPT))
-    # (run as a notebook's kernel runs its cells: no `__main__` file, which Python's fork server would run again in each replica)
+    # (run as a notebook's kernel runs its cells: no `__main__` file)
     r = subprocess.run([sys.executable, '-c', textwrap.dedent(SCRIPT), case, ','.join(METHODS)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=900, env={**os.environ, 'PJRT_DEVICE': 'CPU'})
     results = [json.loads(x) for x in re.findall(r'^RESULT (\{.*\})$', r.stdout, re.M)]
@@ -80,7 +80,7 @@ def test_sigterm_to_the_launcher_without_resume_callback_stops_every_start_metho
     for x in results:
         assert x['out'] == 'Preempted' and 'nothing was saved: add `ResumeCallback`' in x['said'], x
         assert x['took'] < 60, x
-    fault_row('SIGTERM to the launching process, no `ResumeCallback` (fork, forkserver, spawn)',
+    fault_row('SIGTERM to the launching process, no `ResumeCallback` (fork, spawn)',
               '`Preempted` out of `launch` (exit status 75): "stopped after N training batches of epoch E ... nothing was saved: '
               'add `ResumeCallback` ..."', max(x['took'] for x in results), 'the run since its start (nothing saved)')
 
@@ -89,7 +89,7 @@ def test_one_interrupt_stops_the_replicas_at_once_with_every_start_method(tmp_pa
     results, err = _launch_with_signals(tmp_path, 'interrupt')
     for x in results: assert x['out'] == 'KeyboardInterrupt' and x['took'] < 10, x
     assert 'Traceback' not in err, err[-3000:]                                   # (the replicas stop quietly)
-    fault_row('Interrupt (Ctrl-C) during a launch (fork, forkserver, spawn)', '`KeyboardInterrupt` out of `launch`; the replicas '
+    fault_row('Interrupt (Ctrl-C) during a launch (fork, spawn)', '`KeyboardInterrupt` out of `launch`; the replicas '
               'are interrupted, killed after 5 s if still running', max(x['took'] for x in results), 'the run')
 
 def test_a_second_interrupt_kills_the_replicas_and_ends_quietly(tmp_path):

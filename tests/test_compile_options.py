@@ -82,7 +82,6 @@ TORCHRUN = '''
 import sys, json
 sys.path.insert(0, {tests!r})
 from helpers import *
-FSDP = {fsdp!r}
 
 class Losses(Callback):
     order = 100
@@ -91,31 +90,31 @@ class Losses(Callback):
         if self.training: self.losses.append(float(self.loss.detach()))
 
 reports = {{}}
-for compiled in (None, 'aot_eager'):
-    learn = digits_learner(bs=16, cbs=Losses()).to_tpu_distributed(seed=0, sync_bn=True, compile=compiled, fsdp=FSDP)
-    with learn.no_bar(): learn.fit(1, 1e-2)
-    reports[str(compiled)] = dict(losses=learn.losses.losses, valid=[float(v) for v in learn.recorder.values[-1]])
+for fsdp in (None, True):
+    for compiled in (None, 'aot_eager'):
+        learn = digits_learner(bs=16, cbs=Losses()).to_tpu_distributed(seed=0, sync_bn=True, compile=compiled, fsdp=fsdp)
+        with learn.no_bar(): learn.fit(1, 1e-2)
+        reports[f'{{fsdp}} {{compiled}}'] = dict(losses=learn.losses.losses, valid=[float(v) for v in learn.recorder.values[-1]])
 run = learn.xla_run
 Path(f'replica-{{run.ordinal}}.json').write_text(json.dumps(dict(rank=run.ordinal, world=run.count, **reports)))
 '''
 
-@pytest.mark.parametrize('fsdp', [False, True], ids=['replicated', 'fsdp'])
-def test_sync_bn_with_compile_trains_as_uncompiled_on_two_replicas(tmp_path, fsdp):
+def test_sync_bn_with_compile_trains_as_uncompiled_on_two_replicas(tmp_path):
     """`to_tpu_distributed(sync_bn=True, compile='aot_eager')` (and `fsdp=True`) under `torchrun --standalone --nproc-per-node=2`,
     the native backend on the CPU, the digits CNN (two batch norms) with batches of 16 a replica: every step's loss and the
     validation equal the uncompiled run's from the same seed in the same processes (before: `AssertionError: Unexpected type
     <class 'fastai_xla.run.Run'>` in the first step on every replica). The synchronized batch norms run outside the graphs."""
-    (tmp_path/'train.py').write_text(TORCHRUN.format(tests=str(TESTS), fsdp=fsdp or None))
+    (tmp_path/'train.py').write_text(TORCHRUN.format(tests=str(TESTS)))
     r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', 'train.py'], cwd=tmp_path,
                        capture_output=True, text=True, timeout=600,
                        env={**os.environ, 'PJRT_DEVICE': 'CPU', 'FASTAI_XLA_BACKEND': 'native', 'FASTAI_XLA_NATIVE_DEVICE': 'cpu'})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     reports = [json.loads((tmp_path/f'replica-{k}.json').read_text()) for k in (0, 1)]
     for rep in reports:
-        plain, comp = rep['None'], rep['aot_eager']
-        assert len(plain['losses']) == len(comp['losses']) > 20
-        assert max(abs(a - b) for a, b in zip(plain['losses'], comp['losses'])) < 1e-4, (plain['losses'][:5], comp['losses'][:5])
-        assert comp['valid'] == pytest.approx(plain['valid'], abs=1e-4) and comp['valid'][2] > 0.5
-    if not fsdp:
-        fault_row('`compile=True` with `sync_bn=True` (and `fsdp=`) on 2 replicas', 'trains as uncompiled (the synchronized batch '
-                  'norms outside the graphs: a graph break each, named by `xla_report`)', None, 'nothing')
+        for fsdp in ('None', 'True'):             # (replicated, then sharded: FSDP2)
+            plain, comp = rep[f'{fsdp} None'], rep[f'{fsdp} aot_eager']
+            assert len(plain['losses']) == len(comp['losses']) > 20
+            assert max(abs(a - b) for a, b in zip(plain['losses'], comp['losses'])) < 1e-4, (fsdp, plain['losses'][:5], comp['losses'][:5])
+            assert comp['valid'] == pytest.approx(plain['valid'], abs=1e-4) and comp['valid'][2] > 0.5
+    fault_row('`compile=True` with `sync_bn=True` (and `fsdp=`) on 2 replicas', 'trains as uncompiled (the synchronized batch '
+              'norms outside the graphs: a graph break each, named by `xla_report`)', None, 'nothing')

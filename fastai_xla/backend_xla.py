@@ -184,7 +184,7 @@ class XLACollectives(Collectives):
         return pickle.loads(_xm().rendezvous(tag, pickle.dumps(obj))[src])   # (a rendezvous is an all-gather under PJRT)
     def barrier(self, tag='barrier'): _xm().rendezvous(tag)
 
-# %% ../nbs/00d_backend_xla.ipynb #81ae7ef5
+# %% ../nbs/00d_backend_xla.ipynb #9235a2e7
 def xla_kind() -> str:
     "The device type of torch_xla's runtime in this process (`PJRT_DEVICE`: TPU, CPU...), read without starting it."
     return (_xr().device_type() or 'CPU').upper()
@@ -209,7 +209,7 @@ def start_agent_replica(settings:Settings):
                            "of the host: call `to_tpu_distributed()` before anything uses the device (`xla_device()`, a tensor moved "
                            "there), or start the replicas with `spawn(train)`.")
     from torch_xla._internal import pjrt, tpu
-    if kind == 'TPU' and count != tpu.num_local_processes():
+    if kind == 'TPU' and count > 1 and count != tpu.num_local_processes():   # (one process: torch_xla gives it one chip)
         raise RuntimeError(f"torchrun started {count} replica processes on this host, and torch_xla's TPU runtime runs "
                            f"{tpu.num_local_processes()} (one per chip): each would wait for the missing ones. Start torchrun with "
                            f"--nproc-per-node={tpu.num_local_processes()}, or the replicas with `spawn(train)`.")

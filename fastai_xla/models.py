@@ -9,7 +9,7 @@ from .core import XLAVersion, fastai_class, module_versions, on_torch_xla
 
 # %% auto #0
 __all__ = ['ceil_pool_lowers', 'ceil_avg_pool2d', 'CeilPoolOnXLA', 'BatchNormOnXLA', 'LayerNormOnXLA', 'GroupNormOnXLA',
-           'InstanceNormOnXLA']
+           'InstanceNormOnXLA', 'TransformerEncoderOnXLA']
 
 # %% ../nbs/13_models.ipynb #d458b4d4
 def _pair(v): return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
@@ -101,3 +101,13 @@ for _cls, _version in [(nn.BatchNorm1d, BatchNormOnXLA), (nn.BatchNorm2d, BatchN
                        (nn.LayerNorm, LayerNormOnXLA), (nn.GroupNorm, GroupNormOnXLA),
                        (nn.InstanceNorm1d, InstanceNormOnXLA), (nn.InstanceNorm2d, InstanceNormOnXLA), (nn.InstanceNorm3d, InstanceNormOnXLA)]:
     module_versions.register(_cls, _version)
+
+# %% ../nbs/13_models.ipynb #040648ce
+class TransformerEncoderOnXLA(XLAVersion):
+    "The XLA version of torch's `nn.TransformerEncoder`: its nested-tensor path only on the CPU and CUDA (no op of it lowers on XLA)."
+    @property
+    def use_nested_tensor(self):
+        p = next(self.parameters(), None)
+        return self.__dict__.get('use_nested_tensor', False) and p is not None and p.device.type in ('cpu', 'cuda')
+
+module_versions.register(nn.TransformerEncoder, TransformerEncoderOnXLA)

@@ -19,18 +19,9 @@
 # device (FASTAI_XLA_NATIVE_DEVICE=tpu, tests/eager_tpu.py: built with a C++ compiler on the first use); replicas over gloo.
 # At the end, a line per stack with its time (set-up included), for the next change to see what it costs.
 # `--all` (first argument) also runs the tests marked `slow` (tests/conftest.py's SLOW: the slowest end-to-end runs, each with
-# what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv, about 50
-# minutes more. The default run is CI's: 47 min 4 s on a fresh clone of this project's 2-core machine on 2026-11-29 at
-# ba37aea (pip's cache warm: .venv 2 min 23 s; from nothing about 2 minutes more), set-up included (the fast tier 40 s;
-# stack 1's pytest 26 min 47 s with the linter, the tabular-imports and import-graph tests, the strangers against torchrun's
-# three forms, the loggers under launch and torchrun, the sharded runs under torchrun (tests/test_fsdp.py, about 4 minutes
-# of one worker); the native backend's steps on its two stand-in devices 7 min 51 s, the README's script snippet among
-# them; the eager `tpu` device found built in ~/.cache/fastai_xla (building it takes about 12 s); the image stacks' set-up
-# beside stack 1; Colab 6 min 10 s; Kaggle 2 min 5 s and its demo 1 min 8 s beside TorchTPU's 1 min and the docs). On
-# a busier machine (every test about 1.5x slower: the self-check 111 s against 76) the run at 393a45e took 58 min 12 s
-# (stack 1's pytest 29 min 56 s, the eager device 5 min 56 s, Colab 8 min 41 s): the launched case of the progressive
-# resizing (3 minutes of one worker) then went to --all; the run after it, at fbbe2c6, took 46 min 23 s (stack 1's pytest
-# 23 min 39 s). The goal: at most 50. Other arguments go to every pytest run.
+# what covers it in the default run), the native backend's whole files and the notebooks with nbdev_test on .venv. The
+# default run is CI's; its time, and each stack's, are printed at the end (the goal: at most 35 minutes from a fresh clone,
+# set-up included; never past 50). Other arguments go to every pytest run.
 set -euo pipefail
 ALL=0; if [ "${1:-}" = --all ]; then ALL=1; shift; fi
 SLOW_TESTS=$([ $ALL = 1 ] && echo "" || echo " and not slow")

@@ -17,7 +17,7 @@ TESTS = ['tests/test_faults.py', 'tests/test_preemption.py', 'tests/test_checkpo
          'tests/test_launch.py::test_what_a_launch_says_when_it_cannot_go_on', 'tests/test_signals.py', 'tests/test_security.py',
          'tests/test_launch.py::test_spawn_from_a_script_in_fresh_interpreters', 'tests/test_launch.py::test_converted_again_and_a_second_learner_in_a_launch',
          'tests/test_torchrun.py::test_converted_twice_two_learners_and_a_launch_inside_torchrun',
-         'tests/test_torchrun.py::test_a_nan_on_one_replica_cancels_every_replica_named',
+         'tests/test_torchrun.py::test_a_nan_on_one_replica_ends_the_run_named',
          'tests/test_replicas.py::test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',
          'tests/test_torchrun.py::test_a_replica_killed_under_max_restarts_resumes_and_ends_its_epochs',
          'tests/test_torchrun.py::test_a_replica_killed_without_restarts_ends_the_run_named',

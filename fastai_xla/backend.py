@@ -12,7 +12,7 @@ __all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'check_start_method', 
            'Loops', 'Backend', 'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend',
            'backend_class', 'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #037580fd
+# %% ../nbs/00_backend.ipynb #d59d224f
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends (one per backend and device type)."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -64,8 +64,6 @@ class Collectives:
     def barrier(self, tag:str='barrier'): "Wait until every replica gets here."
     def store(self): "A key-value store every replica of the run reaches (`torch.distributed.Store`), or `None`: the run opens one."; return None
     reads = 0   # (how often these collectives read the device: gloo's, through host memory; in-graph ones never)
-    renewable = False   # (can a replica leave its group, the others' collectives with it failing at once, and all make a new one: `renew`?)
-    def renew(self): "Leave this replica's group; the next collective makes a new one (where `renewable`: a fit cancelled on one replica, `Meetings.cancel_everywhere`)."
     def close(self): "Let go of this replica's group and store (at the end of a script: before the interpreter takes them apart)."
 
 Alone = Collectives   # the collectives of a run of one replica: nothing to reach

@@ -184,7 +184,7 @@ class XLACollectives(Collectives):
         return pickle.loads(_xm().rendezvous(tag, pickle.dumps(obj))[src])   # (a rendezvous is an all-gather under PJRT)
     def barrier(self, tag='barrier'): _xm().rendezvous(tag)
 
-# %% ../nbs/00d_backend_xla.ipynb #9235a2e7
+# %% ../nbs/00d_backend_xla.ipynb #c9dc9527
 def xla_kind() -> str:
     "The device type of torch_xla's runtime in this process (`PJRT_DEVICE`: TPU, CPU...), read without starting it."
     return (_xr().device_type() or 'CPU').upper()
@@ -232,7 +232,6 @@ def check_agent_placement(settings:Settings):
 
 class AgentXLACollectives(ProcessGroupCollectives):
     "Replicas torch's agent placed on devices whose runtime reaches the others (a TPU): torch_xla's in-graph collectives for tensors, the agent's store and a gloo group for meetings and objects."
-    renewable = False   # (a replica leaving the gloo group would leave the others waiting in the graph's all-reduce)
     def __init__(self, settings:Settings):
         super().__init__(settings, 'gloo')
         self.name, self.runs_alone = 'xla', always_all_reduce()

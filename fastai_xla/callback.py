@@ -518,7 +518,7 @@ def _model_to_cpu(learn):
     moved = move_model(learn.model, torch.device('cpu'))
     if getattr(learn, 'opt', None) is not None: rebind_optimizer(learn.opt, learn.model, moved, learn.splitter)
 
-# %% ../nbs/03_callback.ipynb #e5190d20
+# %% ../nbs/03_callback.ipynb #d17e0c42
 def become_xla_objects(learn):
     "The learner's loss, the modules of its model and its callbacks, as their XLA versions; callbacks for the master alone off on the other replicas."
     changes = learn.xla_changes
@@ -597,9 +597,7 @@ class XLALearner(XLAVersion):
             raise
         finally:
             if outer: self._xla_in_fit = outer
-            else:
-                self.__dict__.pop('_xla_in_fit', None)
-                self.xla_run.meetings.fit_cancel = None   # (out of any fit, even one an error ended: see `Meetings.cancel_everywhere`)
+            else: self.__dict__.pop('_xla_in_fit', None)
 
     def to_detach(self, b, cpu=True, gather=True):
         "fastai's `to_detach`, without gathering through `torch.distributed`: fastai_xla gathers a replica's predictions itself, and fastai would gather wherever `WORLD_SIZE` (torchrun's, torch's agent's) says there are several processes, with no process group of its own (`summary`, `get_preds` of a list of batches)."

@@ -208,7 +208,7 @@ def nccl_links_on_loopback(s:Settings):
     name = loopback_interface()
     if links_on_loopback(s) and name is not None: os.environ['NCCL_SOCKET_IFNAME'] = name
 
-# %% ../nbs/00c_replicas.ipynb #824c0b6a
+# %% ../nbs/00c_replicas.ipynb #d4efbfc7
 class ProcessGroupCollectives(Collectives):
     "This replica among the others of its group of processes (or threads): a `torch.distributed` process group of its own, gloo via host memory, or a device's own (`group`, e.g. TorchTPU's `tpu_dist`, whose tensors are on `device`)."
     def __init__(self, settings:Settings, group:str='gloo', device=None):
@@ -216,7 +216,6 @@ class ProcessGroupCollectives(Collectives):
         self.group_backend = group   # (the process group's; `name` says what the collectives are)
         self.wire_device = torch.device('cpu') if group == 'gloo' else device
         self._store = self._group = None
-        self.generation = 0   # (how often this replica made its group anew: `renew`)
     via_host = property(lambda self: self.name == 'gloo', doc="Do tensors travel through host memory?")
     def ordinal(self): return self.settings.rank
     def count(self): return self.settings.world_size
@@ -237,8 +236,7 @@ class ProcessGroupCollectives(Collectives):
         "This replica's process group (made at the first collective, when every replica meets)."
         if self._group is None:
             s = self.settings
-            name = f'group{self.generation}' if self.generation else 'group'
-            store = dist.PrefixStore(private_prefix(key_secret(s), room(s, name)), self.store())
+            store = dist.PrefixStore(private_prefix(key_secret(s), room(s, 'group')), self.store())
             timeout = datetime.timedelta(seconds=s.timeout)
             try:
                 if self.group_backend == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, gloo_options(s, timeout))
@@ -249,19 +247,10 @@ class ProcessGroupCollectives(Collectives):
             except (RuntimeError, dist.DistError) as e: raise joining_error(s, e) from e
         return self._group
 
-    renewable = True
-    def _leave_group(self):
+    def close(self):
+        "Leave the group and let go of the store (see `Collectives.close`)."
         if self._group is not None and self.group_backend != 'gloo' and dist.is_initialized(): dist.destroy_process_group()
         self._group = None                              # (a gloo group goes with its last reference, its links closed)
-
-    def renew(self):
-        "Leave this replica's process group: the others' collectives with it fail at once (gloo's links close as the group goes); the next collective makes a new one, in rooms of its own (every replica renews as often)."
-        self._leave_group()
-        self.generation += 1
-
-    def close(self):
-        "Leave the group for good and let go of the store (see `Collectives.close`)."
-        self._leave_group()
         self._store = None
         if getattr(self, '_listener', None) is not None: self._listener.close(); self._listener = None
 

@@ -74,7 +74,7 @@ NATIVE_FILES="tests/test_single_device.py tests/test_replicas.py tests/test_chec
 echo "== 1. $DEV: pytest again on the native backend, on two devices apart from the host that stand in for TorchTPU's"
 echo "   chip (FASTAI_XLA_BACKEND=native; replicas over gloo): torch_xla's CPU device (FASTAI_XLA_NATIVE_DEVICE=xla, lazy),"
 echo "   then the eager \`tpu\` test device (FASTAI_XLA_NATIVE_DEVICE=tpu: tests/eager_tpu.py, built here on the first use)"
-# (the tests of tests/conftest.py's NATIVE_TESTS; with --all, the whole files, and the selection again on the host)
+# (tests/conftest.py's NATIVE_TESTS on both, and its ON_THE_EAGER_STAND_IN on the `tpu` one; with --all, the whole files, and the selection again on the host)
 for device in xla tpu; do
     FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=$device .venv/bin/python -m pytest -n 2 --dist loadfile \
         -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" $NATIVE_FILES

@@ -107,6 +107,8 @@ SLOW['test_preemption.py'] = {
     'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
         "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}
 SLOW['test_torchrun.py'] = {
+    'test_torchrun_standalone_is_one_run[native]': "the native backend under torchrun: the [native-tpu] case (the same code; the "
+        "lazy device's own branches: the native tests on FASTAI_XLA_NATIVE_DEVICE=xla)",
     'test_the_multi_node_form[2]': "torchrun's agents meeting through c10d: torch's own; each process's place, the agents' store, the "
         "run's secret: test_torchrun_standalone_is_one_run, 00_settings, 00c_replicas"}
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
@@ -129,9 +131,11 @@ TORCH_XLA_ONLY = {
     'test_text.py': ['test_classifier_compiles_once_per_bucket'],
 }
 # The tests scripts/test.sh runs again on the native backend's stand-in devices (the whole files with `--all`, which runs
-# this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): learning, replicas, a checkpoint, a launch and a
-# preemption, the torch.distributed paths the native backend has of its own, and fastai's applications (images with
-# aug_transforms and Normalize on the device, segmentation, collab, tabular, text), each against eager CPU.
+# this selection on the host too, FASTAI_XLA_NATIVE_DEVICE=cpu): on both, learning, replicas and a launch, where the lazy
+# device takes its own branches (torch_xla's runtime ends the steps, moves the tensors, drops a failed step: 00e); on the
+# eager `tpu` test device alone, TorchTPU's stand-in, what is the same code on either device (a checkpoint, a preemption,
+# fastai's applications: images with aug_transforms and Normalize on the device, segmentation, collab, text; the README's
+# script), each against eager CPU.
 NATIVE_TESTS = {
     'test_single_device.py': ['test_digits_cnn_matches_eager_cpu', 'test_tabular_with_embeddings_matches_eager_cpu',
                               'test_accum_metrics_are_exact', 'test_save_load_then_fit', 'test_gradient_accumulation_steps_every_other_batch',
@@ -140,17 +144,20 @@ NATIVE_TESTS = {
     'test_replicas.py': ['test_shards_are_disjoint_and_cover_the_data', 'test_replicas_end_with_identical_weights_which_come_back',
                          'test_metrics_equal_one_device_for_the_same_weights', 'test_get_preds_complete_and_in_order',
                          'test_a_replica_failing_mid_epoch_stops_every_replica_with_its_traceback',
-                         'test_a_single_host_launch_opens_nothing_beyond_loopback',
-                         'test_two_replicas_of_32_with_batch_norms_step_like_one_device_of_64[sync_bn]'],
+                         'test_a_single_host_launch_opens_nothing_beyond_loopback'],
     'test_launch.py': ['test_launch_a_function_defined_in_main[gloo-2-fork]'],
+    'test_eager_tpu.py': None,   # (skipped but on the eager `tpu` test device: FASTAI_XLA_NATIVE_DEVICE=tpu)
+}
+ON_THE_EAGER_STAND_IN = {
+    'test_replicas.py': ['test_two_replicas_of_32_with_batch_norms_step_like_one_device_of_64[sync_bn]'],
     'test_preemption.py': ['test_two_replicas_stop_after_the_same_step_and_resume'],
     'test_applications.py': ['test_image_folder_with_aug_transforms_on_the_device', 'test_segmentation_with_augmentation_and_dice',
                              'test_collab_from_a_ratings_frame'],
     'test_text.py': ['test_classifier_learns_like_eager'],
     'test_readme.py': ['test_readme_snippet_runs_as_written[script]'],   # (the script form's `spawn`: fresh interpreters)
-    'test_eager_tpu.py': None,   # (skipped but on the eager `tpu` test device: FASTAI_XLA_NATIVE_DEVICE=tpu)
 }
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
+LAZY_STAND_IN = os.environ.get('FASTAI_XLA_NATIVE_DEVICE') == 'xla'
 
 def _listed(item, table) -> bool:
     names = table.get(item.path.name, [])
@@ -167,14 +174,14 @@ def pytest_collection_modifyitems(config, items):
         if NATIVE and item.originalname in (TORCH_XLA_ONLY.get(item.path.name) or []):
             item.add_marker(pytest.mark.skip(reason="counts or refuses what only torch_xla has (tests/conftest.py's TORCH_XLA_ONLY)"))
         if '*' in SLOW.get(item.path.name, {}) or item.name in SLOW.get(item.path.name, {}): item.add_marker(pytest.mark.slow)
-        if _listed(item, NATIVE_TESTS): item.add_marker(pytest.mark.native)
+        if _listed(item, NATIVE_TESTS) or (not LAZY_STAND_IN and _listed(item, ON_THE_EAGER_STAND_IN)): item.add_marker(pytest.mark.native)
         if _listed(item, ON_EVERY_STACK): item.add_marker(pytest.mark.stacks)
         if _listed(item, ON_NEWEST_FASTAI): item.add_marker(pytest.mark.fastai_version)
     # a name in the tables above that no longer names a test would quietly leave it untested on the image stacks
     collected = {}
     for item in items: collected.setdefault(item.path.name, set()).add(item.name)
     slow_names = {f: [n for n in names if n != '*'] for f, names in SLOW.items()}
-    for table in (ON_EVERY_STACK, ON_NEWEST_FASTAI, NATIVE_TESTS, slow_names):
+    for table in (ON_EVERY_STACK, ON_NEWEST_FASTAI, NATIVE_TESTS, ON_THE_EAGER_STAND_IN, slow_names):
         for file, names in table.items():
             whole_file = file in collected and not config.option.keyword and not any('::' in a for a in config.args)
             missing = set(names or []) - collected[file] if whole_file else set()

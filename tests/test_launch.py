@@ -384,7 +384,7 @@ def fit_one(learn): learn.fit(1, 1e-2)
 {first}
 learn = indexed_learner(bs=32)
 sizes = []
-for fold in range(4):
+for fold in range(3):
     learn.launch(fit_one, nprocs=2, transport='gloo')
     gc.collect(); sizes.append(rss())
 print('RSS', json.dumps(sizes))
@@ -392,7 +392,7 @@ print('RSS', json.dumps(sizes))
 
 @pytest.mark.parametrize('method', ['fork', 'spawn'])
 def test_launches_in_a_row_leave_the_memory_where_it_was(tmp_path, method):
-    """Four launches from one process (cross-validation's folds), forked, and as fresh interpreters (a process whose device
+    """Three launches from one process (cross-validation's folds), forked, and as fresh interpreters (a process whose device
     runs): after the first (which imports the engine's modules), the launching process's memory stays within 50 MB. (Before:
     1,059 -> 1,235 -> 1,369 MB over three launches.)"""
     first = 'xla_device()   # (the device runs here: replicas are fresh interpreters)' if method == 'spawn' else ''

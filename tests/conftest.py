@@ -107,8 +107,6 @@ SLOW['test_preemption.py'] = {
     'test_a_preempted_script_run_again_ends_as_if_never_stopped': 'SIGTERM to a script, rerun to the never-stopped weights: '
         "test_tpu_path.py's preempted thread-process script; the vote and resume on replicas: test_two_replicas_stop_after_the_same_step_and_resume"}
 SLOW['test_torchrun.py'] = {
-    'test_torchrun_standalone_is_one_run[native]': "the native backend under torchrun: the [native-tpu] case (the same code; the "
-        "lazy device's own branches: the native tests on FASTAI_XLA_NATIVE_DEVICE=xla)",
     'test_the_multi_node_form[2]': "torchrun's agents meeting through c10d: torch's own; each process's place, the agents' store, the "
         "run's secret: test_torchrun_standalone_is_one_run, 00_settings, 00c_replicas"}
 SLOW['test_text.py'] = {'*': "text learners end to end (AWD_LSTM, a transformer, two replicas): nbs/11_text (its loop builder, buckets, a "
@@ -156,6 +154,18 @@ ON_THE_EAGER_STAND_IN = {
     'test_text.py': ['test_classifier_learns_like_eager'],
     'test_readme.py': ['test_readme_snippet_runs_as_written[script]'],   # (the script form's `spawn`: fresh interpreters)
 }
+# The test files by their time in scripts/test.sh's first pytest run (a fresh clone at ebd4730: --durations), longest first.
+# Two workers take a file each, then the next one in this order (`--no-loadscope-reorder`; xdist's own order is by the
+# number of tests): the long files go first, and the short ones fill the end, so that neither worker waits for the other.
+LONGEST_FIRST = ['test_launch.py', 'test_torchrun.py', 'test_faults.py', 'test_fsdp.py', 'test_applications.py', 'test_security.py',
+                 'test_check.py', 'test_tpu_path.py', 'test_checkpoint.py', 'test_signals.py', 'test_replicas.py', 'test_spmd.py',
+                 'test_eager_tpu.py', 'test_text.py', 'test_fastai_features.py', 'test_preemption.py', 'test_readme.py', 'test_notebook_launch.py',
+                 'test_backends.py', 'test_single_device.py', 'test_learner_scope.py', 'test_compile_options.py']
+
+def _longest_first(item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
 LAZY_STAND_IN = os.environ.get('FASTAI_XLA_NATIVE_DEVICE') == 'xla'
 
@@ -166,7 +176,7 @@ def _listed(item, table) -> bool:
 def pytest_collection_modifyitems(config, items):
     "fastai's star imports bring fastcore's `test_eq`, `test_fail`...: they are helpers, not tests. Then the stack marks."
     ours = lambda i: getattr(getattr(i, 'obj', None), '__module__', '').split('.')[0] not in ('fastcore', 'fastai', 'torch')
-    items[:] = [i for i in items if ours(i)]
+    items[:] = sorted((i for i in items if ours(i)), key=_longest_first)   # (stable: a file's tests in their order)
     for item in items:
         # `--dist loadgroup` (scripts/test.sh): a test file's tests run in one worker (its shared fixtures made once), each
         # notebook is a unit of its own

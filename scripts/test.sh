@@ -51,8 +51,6 @@ lap "set-up (.venv)"
 in_background "colab-kaggle set-up" setup colab-kaggle; IMAGES_SETUP=$!
 cd "$ROOT"
 export PJRT_DEVICE=CPU
-# two pytest workers, each taking the next test file in tests/conftest.py's order (LONGEST_FIRST), not xdist's (by count)
-TWO=(-n 2 --no-loadscope-reorder)
 stack() { "$1/bin/python" -c 'import sys, torch, torch_xla, fastai; print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, torch_xla {torch_xla.__version__}, fastai {fastai.__version__}")'; }
 
 DEV=$(stack .venv)   # (each stack's versions read once: a Python process importing torch, torch_xla and fastai, ~10 s)
@@ -69,7 +67,7 @@ if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each i
 fi
 echo "== 1. $DEV: pytest"
 # two at a time, a file per worker (a file's shared fixtures made once): most tests wait on replica processes
-.venv/bin/python -m pytest "${TWO[@]}" --dist loadfile -m "not notebooks and not fast$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
+.venv/bin/python -m pytest -n 2 --dist loadfile -m "not notebooks and not fast$SLOW_TESTS" --durations=15 "$@" tests   # (the slowest 15: where its time goes)
 lap "stack 1 pytest"
 NATIVE_FILES="tests/test_single_device.py tests/test_replicas.py tests/test_checkpoint.py tests/test_launch.py tests/test_applications.py
     tests/test_readme.py tests/test_preemption.py tests/test_text.py tests/test_eager_tpu.py"
@@ -78,11 +76,11 @@ echo "   chip (FASTAI_XLA_BACKEND=native; replicas over gloo): torch_xla's CPU d
 echo "   then the eager \`tpu\` test device (FASTAI_XLA_NATIVE_DEVICE=tpu: tests/eager_tpu.py, built here on the first use)"
 # (tests/conftest.py's NATIVE_TESTS on both, and its ON_THE_EAGER_STAND_IN on the `tpu` one; with --all, the whole files, and the selection again on the host)
 for device in xla tpu; do
-    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=$device .venv/bin/python -m pytest "${TWO[@]}" --dist loadfile \
+    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=$device .venv/bin/python -m pytest -n 2 --dist loadfile \
         -m "$([ $ALL = 1 ] && echo "not notebooks" || echo native)" "$@" $NATIVE_FILES
 done
 if [ $ALL = 1 ]; then
-    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=cpu .venv/bin/python -m pytest "${TWO[@]}" --dist loadfile -m native "$@" $NATIVE_FILES
+    FASTAI_XLA_BACKEND=native FASTAI_XLA_NATIVE_DEVICE=cpu .venv/bin/python -m pytest -n 2 --dist loadfile -m native "$@" $NATIVE_FILES
 fi
 lap "stack 1 native backend"
 echo "== the image stacks' environments (made in the background during stack 1)"
@@ -90,12 +88,12 @@ finish "$TORCHTPU_SETUP torchtpu set-up" "$IMAGES_SETUP colab-kaggle set-up"
 lap "waiting for the image stacks' set-up"
 echo "== 2. $(stack .venv-colab): the notebooks in a Jupyter kernel, and pytest: what fastai's or Python's version decides"
 # one run, two at a time: each notebook a unit of work, each test file one (tests/conftest.py's xdist groups)
-.venv-colab/bin/python -m pytest "${TWO[@]}" --dist loadgroup -m "notebooks or (fastai_version$SLOW_TESTS)" --durations=10 "$@" tests
+.venv-colab/bin/python -m pytest -n 2 --dist loadgroup -m "notebooks or (fastai_version$SLOW_TESTS)" --durations=10 "$@" tests
 lap "stack 2 (Colab)"
 
 KAGGLE=$(stack .venv-kaggle)
 echo "== 3. $KAGGLE: pytest, what differs between the stacks"
-.venv-kaggle/bin/python -m pytest "${TWO[@]}" --dist loadfile -m "stacks$SLOW_TESTS" "$@" tests
+.venv-kaggle/bin/python -m pytest -n 2 --dist loadfile -m "stacks$SLOW_TESTS" "$@" tests
 lap "stack 3 (Kaggle) pytest"
 
 # three single processes, side by side on the two cores: the demo on Kaggle's stack, TorchTPU's stack, the docs site

@@ -154,21 +154,6 @@ ON_THE_EAGER_STAND_IN = {
     'test_text.py': ['test_classifier_learns_like_eager'],
     'test_readme.py': ['test_readme_snippet_runs_as_written[script]'],   # (the script form's `spawn`: fresh interpreters)
 }
-# The units of work (a test file; a notebook, on Colab's stack) by their time in scripts/test.sh's run from a fresh clone
-# at ebd4730 (--durations), longest first. Two workers take a unit each, then the next one in this order
-# (`--no-loadscope-reorder`; xdist's own order is by the number of tests): the long units go first and the short ones
-# fill the end, so that neither worker waits for the other at the end.
-LONGEST_FIRST = ['test_notebook[14_gan]', 'test_launch.py', 'test_torchrun.py', 'test_notebook[03_callback]', 'test_notebook[07_diagnostics]',
-                 'test_faults.py', 'test_fsdp.py', 'test_applications.py', 'test_security.py', 'test_check.py', 'test_notebook[02b_metrics]',
-                 'test_notebook[11_text]', 'test_tpu_path.py', 'test_checkpoint.py', 'test_signals.py', 'test_replicas.py', 'test_spmd.py',
-                 'test_eager_tpu.py', 'test_text.py', 'test_notebook[08_spmd]', 'test_fastai_features.py', 'test_preemption.py', 'test_readme.py',
-                 'test_notebook[16_compile]', 'test_notebook[13_models]', 'test_notebook[02_data]', 'test_notebook_launch.py', 'test_backends.py',
-                 'test_single_device.py', 'test_learner_scope.py', 'test_compile_options.py']
-
-def _longest_first(item) -> int:
-    unit = item.name if item.path.name == 'test_notebooks.py' else item.path.name
-    return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
-
 NATIVE = os.environ.get('FASTAI_XLA_BACKEND') == 'native'
 LAZY_STAND_IN = os.environ.get('FASTAI_XLA_NATIVE_DEVICE') == 'xla'
 
@@ -179,7 +164,7 @@ def _listed(item, table) -> bool:
 def pytest_collection_modifyitems(config, items):
     "fastai's star imports bring fastcore's `test_eq`, `test_fail`...: they are helpers, not tests. Then the stack marks."
     ours = lambda i: getattr(getattr(i, 'obj', None), '__module__', '').split('.')[0] not in ('fastcore', 'fastai', 'torch')
-    items[:] = sorted((i for i in items if ours(i)), key=_longest_first)   # (stable: a file's tests in their order)
+    items[:] = [i for i in items if ours(i)]
     for item in items:
         # `--dist loadgroup` (scripts/test.sh): a test file's tests run in one worker (its shared fixtures made once), each
         # notebook is a unit of its own

@@ -38,7 +38,7 @@ def _last_seen(store, rank:int) -> str:
     n, what = store.get(f'at/{rank}').decode().split('|', 1)
     return f'its last was #{n} ({what})'
 
-# %% ../nbs/00g_meetings.ipynb #43522d8b
+# %% ../nbs/00g_meetings.ipynb #eda88e00
 class Meetings:
     "The meeting store of `run`'s replicas: they meet there before a collective (`meet`), vote (`vote`) and check a cancelled fit (`cancelled`); its `supervisor` says how the run ended."
     def __init__(self, run):
@@ -129,8 +129,7 @@ class Meetings:
         if not run.together or self.store is None: return
         came, started = self._in_store(lambda store: store.add(key, 1)), time.monotonic()
         while came < run.count and time.monotonic() < started + run.fault_grace:
-            failure = self.supervisor.failure(waiting_since=started)
-            if failure: raise ReplicasDiverged(f'While replica {run.ordinal} waited for the others to cancel their fit too: {failure[1]}')
+            self._waiting(started, f'the cancel of fit #{self.fits}', lambda: 'the others did not cancel theirs')
             time.sleep(0.01)
             came = self._in_store(lambda store: store.add(key, 0))
         if came < run.count:

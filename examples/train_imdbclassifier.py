@@ -1,6 +1,6 @@
 """fastai's IMDB script (fastai's own `nbs/examples/train_imdbclassifier.py`: `TextDataLoaders.from_folder`,
 `text_classifier_learner` with `AWD_LSTM`, `rank0_first`, `fine_tune`), ported as the README's "From fastai's GPU
-scripts" tells: the same fastai calls, `rank0_first` and `learn.distrib_ctx()` from fastai_xla (fastai's need HF
+scripts" tells: the same fastai calls, `rank0_first` and `learn.xla_distrib_ctx()` from fastai_xla (fastai's need HF
 accelerate and a GPU), `to_bf16()` for `to_fp16()`, and `spawn` for `python -m fastai.launch`.
 
     python examples/train_imdbclassifier.py --data PATH [--epochs 5 --lr 1e-2 --bs 64 --bf16]
@@ -37,7 +37,7 @@ def train(index, a):
                                                             pretrained=pretrained, config=config))
         if a.dump: print(learn.model); return
         if a.bf16: learn = learn.to_bf16()             # (the GPU script's `to_fp16()`)
-        with learn.distrib_ctx():                      # (the GPU script's `distrib_ctx(cuda_id=gpu)`)
+        with learn.xla_distrib_ctx():                   # (the GPU script's `distrib_ctx(cuda_id=gpu)`)
             learn.fine_tune(a.epochs, a.lr)
             if learn.xla_run.is_master: print(f'final accuracy: {float(learn.recorder.values[-1][-1]):.4f}')
 

@@ -1,6 +1,6 @@
 """fastai's tabular script (fastai's own `nbs/examples/train_tabular.py`: `TabularDataLoaders.from_csv` with
 `Categorify`, `FillMissing`, `Normalize`, `tabular_learner`, `fit_one_cycle`), ported as the README's "From fastai's
-GPU scripts" tells: the same fastai calls; `learn.distrib_ctx()` (fastai_xla's, for XLA replicas) where the GPU
+GPU scripts" tells: the same fastai calls; `learn.xla_distrib_ctx()` (for XLA replicas) where the GPU
 script picks `parallel_ctx` or `distrib_ctx`; `to_bf16()` for `to_fp16()`; `spawn` for `python -m fastai.launch`.
 
     python examples/train_tabular.py --data PATH [--epochs 5 --bf16 --runs 1 --dump]
@@ -42,7 +42,7 @@ def train(index, a):
         learn = tabular_learner(dls, metrics=accuracy)
         if a.dump: print(learn.model); return
         if a.bf16: learn = learn.to_bf16()                # (the GPU script's `to_fp16()`)
-        with learn.distrib_ctx():                         # (the GPU script's `parallel_ctx` or `distrib_ctx`)
+        with learn.xla_distrib_ctx():                     # (the GPU script's `parallel_ctx` or `distrib_ctx`)
             learn.fit_one_cycle(a.epochs)
             if learn.xla_run.is_master: print(f'final accuracy: {float(learn.recorder.values[-1][-1]):.4f}')
 

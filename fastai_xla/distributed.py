@@ -31,9 +31,9 @@ from . import metrics, checkpoint, resume, precision, diagnostics, models
 # %% auto #0
 __all__ = ['XLA_FEATURES', 'MasterOnlyStream', 'silence_non_masters', 'application_features', 'workers_per_replica',
            'StartedAgain', 'cancelled_by', 'CancelTogether', 'leave_in_order', 'leave_in_order_at_exit', 'ended',
-           'refuse_inside_a_run', 'spawn', 'rank0_first', 'xla_distrib_ctx']
+           'refuse_inside_a_run', 'spawn', 'rank0_first']
 
-# %% ../nbs/04_distributed.ipynb #0ccd9c83
+# %% ../nbs/04_distributed.ipynb #ae989b79
 def _writer_is_master() -> bool:
     try: return is_master()
     except Exception: return True
@@ -45,9 +45,9 @@ class MasterOnlyStream:
     def flush(self): return self.stream.flush()
     def __getattr__(self, k): return getattr(self.stream, k)
 
-def silence_non_masters():
-    "Install `MasterOnlyStream` on `sys.stdout` (once per process)."
-    if not isinstance(sys.stdout, MasterOnlyStream): sys.stdout = MasterOnlyStream(sys.stdout)
+def silence_non_masters(learn):
+    "Drop what the other replicas print while `learn` is one (`sys.stdout` given back by `detach_xla`)."
+    if not isinstance(sys.stdout, MasterOnlyStream): learn.xla_changes.set(sys, 'stdout', MasterOnlyStream(sys.stdout))
 
 # %% ../nbs/04_distributed.ipynb #03b844e7
 XLA_FEATURES = (metrics, checkpoint, resume, precision, diagnostics, models)   # (every learner's)
@@ -82,7 +82,7 @@ def to_xla(self:Learner,
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)
     return make_xla_learner(self, run, grouped_steps, compile, place_model, **kwargs)
 
-# %% ../nbs/04_distributed.ipynb #227bfe05
+# %% ../nbs/04_distributed.ipynb #8cc0b70c
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
@@ -126,7 +126,7 @@ def to_tpu_distributed(self:Learner,
         if not run.is_master:
             for cb in [cb for cb in self.cbs if isinstance(cb, ProgressCallback)]: self.xla_changes.remove_cb(cb)
             self.xla_changes.set(self, 'logger', noop)
-        silence_non_masters()
+        silence_non_masters(self)
     return self
 
 # %% ../nbs/04_distributed.ipynb #2e374944
@@ -238,7 +238,7 @@ def spawn(fn, args:tuple=(), nprocs:int|None=None, backend:str|None=None, start_
     try: launcher.run(job, tuple(args), nprocs, launcher.start_method(start_method, False))
     except ReplicasFailed as e: raise ended(e) from None
 
-# %% ../nbs/04_distributed.ipynb #68894b46
+# %% ../nbs/04_distributed.ipynb #18de97a5
 def rank0_first(func, *args, **kwargs):
     "fastai's `rank0_first` for XLA replicas: `func(*args, **kwargs)` on the master first, then on the others; its result."
     collectives = this_thread.run.collectives if this_thread.run is not None else replica_collectives()
@@ -249,14 +249,12 @@ def rank0_first(func, *args, **kwargs):
     else: replica_collectives().barrier('fastai_xla rank0_first')   # (before any learner: the collectives its run will take)
     return res if first else func(*args, **kwargs)
 
+@patch
 @contextmanager
-def xla_distrib_ctx(learn, sync_bn:bool=True, in_notebook:bool=False, **kwargs):
-    "fastai's `distrib_ctx` on XLA: inside, `learn` is this replica of the run (`to_tpu_distributed(**kwargs)`); after, fastai's learner again (if it was one)."
-    # (`sync_bn`, fastai's default too: batch norms' statistics over the global batch; `in_notebook`: use `learn.launch` there)
-    attach = not is_xla_learner(learn)
-    if attach: learn.to_tpu_distributed(sync_bn=sync_bn, **kwargs)
-    try: yield learn
+def xla_distrib_ctx(self:Learner, sync_bn:bool=True, **kwargs):
+    "fastai's `distrib_ctx` on XLA: inside, a replica of the run (`to_tpu_distributed`); after, fastai's learner."
+    attach = not is_xla_learner(self)
+    if attach: self.to_tpu_distributed(sync_bn=sync_bn, **kwargs)
+    try: yield self
     finally:
-        if attach: learn.detach_xla()
-
-if 'distrib_ctx' not in vars(Learner): Learner.distrib_ctx = xla_distrib_ctx   # (a name added, never fastai's replaced)
+        if attach: self.detach_xla()

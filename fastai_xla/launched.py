@@ -79,7 +79,7 @@ def _run_replica(job_dir, job):
         bars = [cb for cb in learn.cbs if isinstance(cb, ProgressCallback)]   # (none: launched under `learn.no_bar()`)
         for cb in bars: learn.xla_changes.remove_cb(cb)
         if bars: learn.xla_changes.add_cb(RelayProgressCallback(log))
-        sys.stdout = RelayStream(log)
+        learn.xla_changes.set(sys, 'stdout', RelayStream(log))   # (given back with the learner: `detach_xla`)
     if not any(isinstance(cb, StopOnSignal) for cb in learn.cbs): learn.xla_changes.add_cb(StopOnSignal(warn=False))   # (a shutdown's SIGTERM: all stop after the same step)
     out = fn(learn, *args, **kwargs)
     sharded = holds_shards(learn.model)          # (its state gathered whole by every replica: 17_fsdp)

@@ -3,7 +3,7 @@ it, in a fresh process (one replica on the CPU XLA device), offline on data writ
 - Imagenette (`examples/train_imagenette.py`, through `xmp.spawn`): fastai's `DataBlock` with `GrandparentSplitter`,
   `xresnet18` with `Mish` (its pooling as the XLA version: no CPU fallback), `ranger`, `LabelSmoothingCrossEntropy`,
   `MixUp`, `fit_flat_cos`, `top_k_accuracy`;
-- tabular (`examples/train_tabular.py`, through fastai_xla's `spawn` and `learn.distrib_ctx()`): `from_csv` with
+- tabular (`examples/train_tabular.py`, through fastai_xla's `spawn` and `learn.xla_distrib_ctx()`): `from_csv` with
   `Categorify`, `FillMissing`, `Normalize`, `tabular_learner`, `fit_one_cycle`;
 - IMDB (`examples/train_imdbclassifier.py`): `TextDataLoaders.from_folder(valid='test')`, `rank0_first`,
   `text_classifier_learner(AWD_LSTM, drop_mult=0.5)` (small, not pretrained), `fine_tune`.

@@ -2,7 +2,8 @@
 `fit_flat_cos`, callbacks that save, stop, log and draw, interpretation), each on the CPU XLA device against what it
 does on eager CPU: it runs, it learns, it reads the device a few times per epoch (not per batch) and compiles nothing
 after the first epoch. With 2 real replicas (gloo): callbacks that draw or write the master's view (`ShowGraphCallback`,
-`CSVLogger`) and the diagnostics' warnings on the master only, fastai's `rank0_first` and `distrib_ctx` in a script.
+`CSVLogger`) and the diagnostics' warnings on the master only, fastai's `rank0_first` and `distrib_ctx` (`xla_distrib_ctx`) in a script,
+standard output given back when the learner leaves the run.
 Not covered: fastai's `fastai.distributed` itself (it needs HF accelerate and CUDA processes)."""
 import os, subprocess, sys, warnings
 from pathlib import Path
@@ -88,9 +89,10 @@ def prepare():
 seen = rank0_first(prepare)                                  # fastai's rank0_first: the master first, then the others
 if replica_ordinal() == 0: Path('prepared', 'done').write_text('x')
 learn = linear_digits_learner()
-with learn.distrib_ctx():                                     # fastai's distrib_ctx: a replica of the run inside
+with learn.xla_distrib_ctx():                                 # fastai's distrib_ctx: a replica of the run inside
     learn.fit(1, 1e-2)
     ours = replica_count()
+    print('INSIDE', replica_ordinal())                        # (the master's alone: the others' output is dropped)
 print('REPLICA', replica_ordinal(), 'OF', ours, 'SAW', seen, 'ACC', learn.recorder.values[-1][-1], 'BACK', not is_xla_learner(learn))
 """
 
@@ -102,5 +104,8 @@ def test_fastai_gpu_script_calls_on_two_replicas(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[1][1][-3000:] + outs[0][1][-3000:]
     lines = sorted(l for o, _ in outs for l in o.splitlines() if l.startswith('REPLICA'))
-    assert len(lines) == 1, lines                                  # the master prints; replica 1's print is dropped
+    inside = [l for o, _ in outs for l in o.splitlines() if l.startswith('INSIDE')]
+    assert inside == ['INSIDE 0'], inside                          # in the run, replica 1's print is dropped
+    assert len(lines) == 2, lines                                  # after it (`detach_xla`), standard output is given back
     assert lines[0].startswith('REPLICA 0 OF 2 SAW 0 ACC') and lines[0].endswith('BACK True'), lines
+    assert lines[1].startswith('REPLICA 1 OF 2 SAW 1 ACC') and lines[1].endswith('BACK True'), lines

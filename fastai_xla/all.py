@@ -1,9 +1,6 @@
-"""Everything a user calls: `from fastai_xla.all import *`.
-
-Importing it loads every module of the learner's path (their methods on fastai's `Learner`: `to_xla`, `to_tpu_distributed`,
-`launch`, `to_tpu_spmd`, `xla_report`, the checkpoints' `save`, `load_resume`...), and hands over the names a user's script
-calls. The helpers stay in their modules (`from fastai_xla.data import shard_idxs`); fastai_xla's features for fastai's
-text, vision augmentations and GANs load when the learner needs them (`application_features`, 04_distributed)."""
+"""Everything a user calls: `from fastai_xla.all import *`."""
+# Importing it loads every module that adds methods to fastai's `Learner`; fastai_xla's features for fastai's
+# applications load when the learner needs them (`application_features`, 04_distributed).
 from . import pickling, optimizer, metrics, models, launch  # noqa: F401 (what they add to fastai's classes and to the learner's path)
 from .settings import Settings, current_settings
 from .core import xla_device, device_kind, on_torch_xla, off_host, is_xla, to_host, step_boundary, xla_counters, counters_diff, AutogradStartedFirst

@@ -3,7 +3,7 @@
 # every supported stack, on the CPU XLA device:
 #   1. the development stack (.venv: torch/torch_xla 2.9 + fastai 2.8.7, fastcore 1): first the fast tier (`pytest -m fast`:
 #      the runtime's pieces in one process, under a minute), then the exported package and README
-#      up to date with nbs/, the linter (ruff) clean, every pytest test (the README's snippets among them, run as written) and the docs build
+#      up to date with nbs/, the docstrings short (tools/docstrings.py), the linter (ruff) clean, every pytest test (the README's snippets among them, run as written) and the docs build
 #      (a page per notebook)
 #   2. Colab's TPU image (.venv-colab: Python 3.13, torch/torch_xla 2.9 + the newest fastai, fastcore 2), fastai_xla
 #      installed with the README's command, in one pytest run: every notebook's tests in a Jupyter kernel (run here
@@ -61,6 +61,7 @@ echo "== 1. $DEV: the package and README up to date with nbs/"
 .venv/bin/nbdev_export
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
 .venv/bin/python tools/readme.py --check
+.venv/bin/python tools/docstrings.py --check   # one line each, median <= 70 characters, none over 200
 .venv/bin/ruff check .   # pyflakes' rules (pyproject.toml): no unused import or variable, no undefined name, no redefinition
 if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each in a process of its own, two at a time)
     ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing

@@ -24,7 +24,7 @@ __all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', '
            'late_compile_message', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache',
            'ProfileSteps']
 
-# %% ../nbs/07_diagnostics.ipynb #1ed61fd9
+# %% ../nbs/07_diagnostics.ipynb #63ce1027
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     return current_backend().counters.fallback_counts()
@@ -34,15 +34,17 @@ def _shapes(b): return tuple(tuple(t.shape) for t in tensors_in(b))
 def _grown(after:dict, before:dict) -> dict: return {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
 
 def fallback_modules(model:nn.Module, *xb) -> dict:
-    "The modules of `model` whose own operations fell back to the CPU in a forward and backward pass on `xb`, by name: `{name: (module, {op: count})}`."
+    "`{name: (module, {op: count})}`: where `model`'s CPU fallbacks on `xb` come from."
     names = {m: n or type(model).__name__ for n, m in model.named_modules()}
-    own, told, stack, hooks = {}, {}, [], []     # told: every fallback given to a module so far
+    own, told, stack, hooks, phase = {}, {}, [], [], ['']   # told: every fallback given to a module so far
     def pre(m, *args): stack.append((fallback_counts(), dict(told)))
     def post(m, *args):
         counts, told_before = stack.pop()
         ops = _grown(_grown(fallback_counts(), counts), _grown(told, told_before))   # what grew, less what inner modules took
         for k, v in ops.items():
-            own.setdefault(m, {})[k] = own.get(m, {}).get(k, 0) + v
+            mine = own.setdefault(m, {})
+            name = k if not phase[0] or k in mine else f'{k} {phase[0]}'
+            mine[name] = mine.get(name, 0) + v
             told[k] = told.get(k, 0) + v
     for m in model.modules():
         hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post),
@@ -57,6 +59,9 @@ def fallback_modules(model:nn.Module, *xb) -> dict:
             out = model(*xb)
             outs = [t for t in tensors_in(out) if t.is_floating_point() and t.requires_grad]
             if outs and params: torch.autograd.grad(sum(t.float().sum() for t in outs), params, allow_unused=True)
+        step_boundary()
+        model.eval(); phase[0] = '(in evaluation)'  # (a path of evaluation alone: a transformer's nested tensors)
+        with torch.no_grad(): model(*xb)
         step_boundary()
     finally:
         for h in hooks: h.remove()
@@ -83,7 +88,7 @@ def fallback_advice(fallbacks:dict) -> str:
     return ' '.join(sorted(tips)) or ("Give the module an XLA version that lowers (`module_versions.register`, as 13_models does "
                                       "for `AvgPool2d(ceil_mode=True)`), or move the work into the data pipeline.")
 
-# %% ../nbs/07_diagnostics.ipynb #c392a579
+# %% ../nbs/07_diagnostics.ipynb #cef02e1c
 def learner_backend(learn):
     "The backend `learn` trains on: its run's, else this replica's."
     run = getattr(learn, 'xla_run', None)
@@ -149,7 +154,7 @@ def what_bounds(rows:list) -> str:
                 f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #4eec0707
+# %% ../nbs/07_diagnostics.ipynb #7dc5c4fe
 def step_kind(learn) -> str|None:
     "What kind of step the learner takes next, where its callbacks train different graphs in turn: the `xla_step_kind` of the callbacks that have one."
     # (read at every batch: asked of the callbacks' classes, not through fastai's `Callback.__getattr__`, which tries the learner)
@@ -176,7 +181,7 @@ def late_compile_message(row:dict, late:list, unexpected:int) -> str:
     return (f"{unexpected} graph{'s' if unexpected > 1 else ''} compiled in epoch {row['epoch']}, after the first, where the "
             f"steps should reuse the first epoch's: {where}. " + ' '.join(LATE_COMPILE_ADVICE[c] for c in LATE_COMPILE_ADVICE if c in causes))
 
-# %% ../nbs/07_diagnostics.ipynb #eb5698d6
+# %% ../nbs/07_diagnostics.ipynb #aedf3151
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit, then it leaves the learner."
     run_valid = False
@@ -365,7 +370,7 @@ def xla_report(self:Learner):
         print(f"torch.compile ({self.xla_compile_options}): " + ('; '.join(learner_backend(self).counters.report()) or 'no graph break, no recompile'))
     print(what_bounds(rows))
 
-# %% ../nbs/07_diagnostics.ipynb #3eb29f46
+# %% ../nbs/07_diagnostics.ipynb #b34bccb9
 from pathlib import Path
 
 def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=False, settings=None) -> Path:
@@ -381,7 +386,7 @@ def enable_compile_cache(path='~/.cache/fastai_xla/compiled', readonly:bool=Fals
     counters.enable_compile_cache(path, readonly=readonly)
     return path
 
-# %% ../nbs/07_diagnostics.ipynb #31e179b5
+# %% ../nbs/07_diagnostics.ipynb #d5f0db9d
 from fastcore.basics import store_attr
 
 class ProfileSteps(Callback):

@@ -33,7 +33,7 @@ __all__ = ['XLA_FEATURES', 'MasterOnlyStream', 'silence_non_masters', 'applicati
            'StartedAgain', 'cancelled_by', 'CancelTogether', 'leave_in_order', 'leave_in_order_at_exit', 'ended',
            'refuse_inside_a_run', 'spawn', 'rank0_first']
 
-# %% ../nbs/04_distributed.ipynb #ae989b79
+# %% ../nbs/04_distributed.ipynb #37193f3d
 def _writer_is_master() -> bool:
     try: return is_master()
     except Exception: return True
@@ -49,7 +49,7 @@ def silence_non_masters(learn):
     "Drop what the other replicas print while `learn` is one."
     if not isinstance(sys.stdout, MasterOnlyStream): learn.xla_changes.set(sys, 'stdout', MasterOnlyStream(sys.stdout))
 
-# %% ../nbs/04_distributed.ipynb #03b844e7
+# %% ../nbs/04_distributed.ipynb #45d1bead
 XLA_FEATURES = (metrics, checkpoint, resume, precision, diagnostics, models)   # (every learner's)
 
 def application_features() -> list:
@@ -63,6 +63,8 @@ def application_features() -> list:
         from fastai_xla import gan; loaded.append(gan)
     if 'fastai.callback.tensorboard' in sys.modules:
         from fastai_xla import loggers; loaded.append(loggers)
+    if 'fastai.callback.hook' in sys.modules:
+        from fastai_xla import hooks; loaded.append(hooks)
     return loaded
 
 @patch
@@ -82,7 +84,7 @@ def to_xla(self:Learner,
     if run is None: run = Run(current_settings(backend=backend), device=device, alone=True, seed=seed)
     return make_xla_learner(self, run, grouped_steps, compile, place_model, **kwargs)
 
-# %% ../nbs/04_distributed.ipynb #8cc0b70c
+# %% ../nbs/04_distributed.ipynb #0bbce716
 def workers_per_replica(num_workers:int, local_replicas:int, cpus:int|None=None) -> int:
     "`num_workers` capped to this replica's share of the host's CPUs."
     if not num_workers: return 0
@@ -129,7 +131,7 @@ def to_tpu_distributed(self:Learner,
         silence_non_masters(self)
     return self
 
-# %% ../nbs/04_distributed.ipynb #2e374944
+# %% ../nbs/04_distributed.ipynb #7216d717
 class StartedAgain(Callback):
     "In an attempt torch's agent restarted: say, at a fit that does not resume, that it starts from scratch."
     order, said = 0, False
@@ -143,7 +145,7 @@ class StartedAgain(Callback):
                   "attempt stopped, add `cbs=ResumeCallback(name)` and `start_epoch=learn.load_resume(name, missing_ok=True)` to the fit.",
                   file=sys.stderr, flush=True)
 
-# %% ../nbs/04_distributed.ipynb #9164d2dc
+# %% ../nbs/04_distributed.ipynb #aa8998d5
 def cancelled_by(learn, e:BaseException) -> str:
     "Who cancelled `learn`'s fit with `e`, where and why: the callback and event that raised it, the epoch and batch, the loss."
     found, tb = None, e.__traceback__
@@ -184,7 +186,7 @@ def leave_in_order_at_exit():
     if _leaving: return
     _leaving.append(atexit.register(leave_in_order))
 
-# %% ../nbs/04_distributed.ipynb #079becea
+# %% ../nbs/04_distributed.ipynb #8e9fdd9c
 _ENDED_BY_SIGTERM = {PREEMPTED_STATUS, -signal.SIGTERM, INTERRUPTED_STATUS, None}   # (stopped after a vote, by the signal, by the launcher)
 _STOPPED_OUTSIDE_FIT = ("fastai_xla: preempted (SIGTERM to the launching process): the replicas stopped outside a fit (nothing saved).")
 
@@ -238,7 +240,7 @@ def spawn(fn, args:tuple=(), nprocs:int|None=None, backend:str|None=None, start_
     try: launcher.run(job, tuple(args), nprocs, launcher.start_method(start_method, False))
     except ReplicasFailed as e: raise ended(e) from None
 
-# %% ../nbs/04_distributed.ipynb #18de97a5
+# %% ../nbs/04_distributed.ipynb #02989a2d
 def rank0_first(func, *args, **kwargs):
     "fastai's `rank0_first` for XLA replicas: `func(*args, **kwargs)` on the master first, then on the others"
     collectives = this_thread.run.collectives if this_thread.run is not None else replica_collectives()

@@ -18,7 +18,7 @@ from .settings import drawn_seed
 from .data import check_loaders
 from .meetings import TellingFailures
 from .resume import launch_records, restore_history, rng_states
-from .distributed import ended, refuse_inside_a_run
+from .distributed import ended, refuse_inside_a_run, application_features
 from .launched import EventLog, replica_entry
 
 # %% auto #0
@@ -139,6 +139,7 @@ def _load_launch_result(self:Learner, result):
         if self.opt is None: self.create_opt()
         self.opt.load_state_dict(state['opt'])
     restore_history(self, result['recorder'])
+    application_features()                      # (what they bring back: a feature this process has not loaded yet)
     for name, value in result.get('records', {}).items():
         if value is not None and name in launch_records: launch_records[name][1](self, value)
     self.xla_launched_diagnostics = result.get('diagnostics') or []   # (the master's, for `xla_report` here)

@@ -270,13 +270,17 @@ def test_what_a_launched_function_returns_comes_back(tmp_path):
     assert any((a != p).any() for a, p in zip(before, learn.model.parameters()))   # trained weights came back anyway
 
 def test_a_launch_under_no_bar_draws_no_bar(capfd):
-    "`with learn.no_bar(): learn.launch(...)`, as eager fastai under `no_bar`: the epochs' rows, printed by the master, and no progress bar."
+    "`with learn.no_bar(): learn.launch(...)`, as eager fastai under `no_bar`: the epochs' rows, printed by the master, and no progress bar; fastai's `ActivationStats` comes back (15a_hooks)."
     from test_replicas import indexed_learner
-    learn = indexed_learner(bs=32)
+    learn = indexed_learner(bs=32, cbs=ActivationStats(with_hist=True))
     with learn.no_bar(): learn.launch(fit_one_epoch, nprocs=2, transport='gloo')
     out = capfd.readouterr().out
     assert 'Epoch 1/1' not in out and '%' not in out, out[-2000:]
     assert out.count('[0, ') == 1, out[-2000:]                  # (fastai's logger without a bar: the row as a list, once)
+    stats = learn.activation_stats.stats                         # the master's: its half of the training batches, read
+    assert len(stats) == len(learn.dls.train) // 2 and isinstance(stats[0][0]['mean'], float), len(stats)
+    assert stats[0][0]['hist'].shape == (40,) and stats[0][0]['hist'].sum() > 0
+    learn.activation_stats.plot_layer_stats(0)                   # (fastai's plots, drawn in the launching process)
 
 # --- fastai's way to repeat a run (issue 41): `set_seed` before it
 

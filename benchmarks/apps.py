@@ -27,6 +27,8 @@ batches to the device in a background thread, as it does by default on a TPU and
 - `gan`: fastai's WGAN recipe (`basic_generator`, `basic_critic`, `GANLearner.wgan`, RMSProp, `fit`) on the digits at
   16 px; its metric is the last training loss (the critic's or the generator's, as fastai's `Recorder` shows it);
 - `mixup`, `cutmix`: the vision recipe with fastai's `MixUp()` or `CutMix()` (fastbook's chapter 7);
+- `activation_stats`: the vision recipe with fastai's `ActivationStats(with_hist=True)` (fastbook's chapter 13: a hook
+  on each of resnet18's layers with parameters, its statistics and histograms kept for every training batch);
 - `accumulate`: fastbook's chapter 7 with small batches: label smoothing (`LabelSmoothingCrossEntropy`), batches of 32,
   `GradientAccumulation(n_acc=64)` (a step every second batch; under `--launch` every replica's items count).
 Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
@@ -166,9 +168,10 @@ def progressive_fit(learn, epochs, lr, cbs):
 
 RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan,
                multilabel=multilabel, keypoints=keypoints, regression=regression, progressive=progressive,
-               mixup=vision, cutmix=vision, accumulate=smoothed_small_batches)
+               mixup=vision, cutmix=vision, accumulate=smoothed_small_batches, activation_stats=vision)
 FITS = dict(gan='fit', progressive=progressive_fit,   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
-            mixup=with_callbacks(MixUp), cutmix=with_callbacks(CutMix), accumulate=with_callbacks(partial(GradientAccumulation, n_acc=64)))
+            mixup=with_callbacks(MixUp), cutmix=with_callbacks(CutMix), accumulate=with_callbacks(partial(GradientAccumulation, n_acc=64)),
+            activation_stats=with_callbacks(partial(ActivationStats, with_hist=True)))
 
 class EpochStats(Callback):
     "Each epoch's time and, on XLA, its counters."

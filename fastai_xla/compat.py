@@ -9,9 +9,9 @@ from fastai.data.load import DataLoader, _FakeLoader
 
 # %% auto #0
 __all__ = ['FakeLoader', 'fastcore_mismatch', 'check_fastcore', 'phase_metrics', 'torch_loader', 'move_pipeline_to',
-           'warp_coord_class', 'lighting_function_classes', 'is_fastai_default_sort']
+           'warp_coord_class', 'lighting_function_classes', 'is_fastai_default_sort', 'transform_function']
 
-# %% ../nbs/00a_compat.ipynb #37dff348
+# %% ../nbs/00a_compat.ipynb #4101dbb3
 import re, warnings
 from importlib import metadata
 
@@ -32,7 +32,7 @@ def check_fastcore():
 
 check_fastcore()
 
-# %% ../nbs/00a_compat.ipynb #050d6b84
+# %% ../nbs/00a_compat.ipynb #1b2bc757
 def phase_metrics(recorder, training:bool):
     "The `Recorder`'s metrics of the training or the validation phase."
     return recorder._train_mets if training else recorder._valid_mets
@@ -62,3 +62,11 @@ def is_fastai_default_sort(sort_func) -> bool:
     "Is `sort_func` fastai's own ordering of `SortedDL`, not a user's?"
     from fastai.text.data import _default_sort     # (here, not above: fastai's text module only for text users)
     return sort_func is _default_sort
+
+def transform_function(t):
+    "The function a fastai `Transform` made from a function wraps, else None."
+    for method in getattr(getattr(t, 'encodes', None), 'methods', []):   # (fasttransform keeps it in its method's closure)
+        code, cells = method.implementation.__code__, method.implementation.__closure__ or ()
+        found = dict(zip(code.co_freevars, (c.cell_contents for c in cells))).get('f')
+        if found is not None: return found
+    return None

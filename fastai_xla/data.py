@@ -417,7 +417,7 @@ class XLADataLoader(GetAttr):
                  sharding=None, # SPMD: how a batch is split over the devices (`to_tpu_spmd` sets it)
                  whole_table:bool=True, # tabular: build each batch from the whole processed table at once
                  cache_items:bool=False, # make every item once and keep it (deterministic item transforms only)
-                 seq_buckets:list|None=None, # text: the lengths batches are padded to (default: multiples of seq_len)
+                 seq_buckets:list|None=None, # text: the lengths batches are padded to (default: `Pad_Chunk`'s multiples of seq_len, `pad_input`'s of 8)
                  replica_local:bool=False, # a loader of this replica alone (`predict`'s), not shared out between the run's replicas
                  persistent_workers:bool=True, # keep the worker processes between epochs (see "Workers kept between epochs")
                 ):

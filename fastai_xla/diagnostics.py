@@ -174,7 +174,7 @@ def step_kind(learn) -> str|None:
 
 LATE_COMPILE_ADVICE = {
     'new input shapes': "New input shapes make new graphs: batches change shape (a ragged last batch, variable-size inputs, a callback "
-        "slicing the batch). Give every batch one shape: XLADataLoader drops or pads the tail; pad variable-size inputs to a few fixed sizes.",
+        "slicing the batch). Give every batch one shape: XLADataLoader drops or pads the tail; pad variable-size inputs to a few fixed sizes (batches padded by fastai's `pad_input` or `Pad_Chunk` are padded on to bucket lengths: `to_xla(seq_buckets=[...])` sets them).",
     'same inputs': "A step with the input shapes and kind of earlier steps traced a different graph: something in it changes from step to "
         "step (a Python number, a branch on a value, a device value read mid-step that cuts the graph elsewhere). Pass changing "
         "numbers as tensors.",

@@ -1737,6 +1737,7 @@ d = { 'settings': { 'branch': 'main',
                                  'fastai_xla.text.restart_rows': ('text.html#restart_rows', 'fastai_xla/text.py'),
                                  'fastai_xla.text.restarting': ('text.html#restarting', 'fastai_xla/text.py'),
                                  'fastai_xla.text.scan_lstm': ('text.html#scan_lstm', 'fastai_xla/text.py'),
+                                 'fastai_xla.text.smallest_bucket': ('text.html#smallest_bucket', 'fastai_xla/text.py'),
                                  'fastai_xla.text.static_forward': ('text.html#static_forward', 'fastai_xla/text.py'),
                                  'fastai_xla.text.step_lengths': ('text.html#step_lengths', 'fastai_xla/text.py'),
                                  'fastai_xla.text.text_padding': ('text.html#text_padding', 'fastai_xla/text.py')}}}

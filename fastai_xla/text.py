@@ -20,9 +20,9 @@ from .data import register_batch_shaper, register_replica_source, shard_idxs
 __all__ = ['scan_lstms', 'lm_stream_tokens', 'PoolingClassifierOnXLA', 'lstm_step', 'lstm_grad_step', 'LSTMLoop', 'lstm_loop',
            'restarting', 'scan_lstm', 'loops_on_xla', 'builds_loops', 'LSTMLoopsOnXLA', 'device_zeros', 'AWDLSTMOnXLA',
            'restart_rows', 'chunk_restarts', 'in_one_pass', 'static_forward', 'SentenceEncoderOnXLA', 'bucket_length',
-           'text_padding', 'item_lengths', 'step_lengths', 'repad', 'pad_texts_to_buckets', 'input_bucket',
-           'input_padding', 'repad_input', 'pad_inputs_to_buckets', 'SeededLMDataLoader', 'language_model_streams',
-           'XLATextLearner']
+           'smallest_bucket', 'text_padding', 'item_lengths', 'step_lengths', 'repad', 'pad_texts_to_buckets',
+           'input_bucket', 'input_padding', 'repad_input', 'pad_inputs_to_buckets', 'SeededLMDataLoader',
+           'language_model_streams', 'XLATextLearner']
 
 # %% ../nbs/11_text.ipynb #cf8eae30
 class PoolingClassifierOnXLA(XLAVersion):
@@ -192,7 +192,7 @@ class SentenceEncoderOnXLA(XLAVersion):
 
 module_versions.register(SentenceEncoder, SentenceEncoderOnXLA)
 
-# %% ../nbs/11_text.ipynb #0a976aad
+# %% ../nbs/11_text.ipynb #df79a83a
 def bucket_length(n:int, seq_len:int=72, buckets:list|None=None) -> int:
     "The length a batch whose longest text has `n` tokens is padded to: the smallest of `buckets` that holds it."
     if buckets is None:
@@ -202,9 +202,12 @@ def bucket_length(n:int, seq_len:int=72, buckets:list|None=None) -> int:
     bad = [b for b in buckets if b % seq_len]
     if bad: raise ValueError(f"seq_buckets {bad} are not multiples of the model's seq_len ({seq_len}): fastai's SentenceEncoder "
                              f"reads texts in chunks of seq_len. Use multiples, e.g. {[seq_len * 2**k for k in range(4)]}.")
+    return smallest_bucket(n, buckets, f"A text of {n} tokens", f" tokens (a multiple of {seq_len})")
+
+def smallest_bucket(n:int, buckets:list, what:str, unit:str='') -> int:
+    "The smallest of `buckets` that holds `n`, else an error naming `what` holds `n`."
     fits = [b for b in sorted(buckets) if b >= n]
-    if not fits: raise ValueError(f"A text of {n} tokens is longer than the largest of seq_buckets {sorted(buckets)}: "
-                                  f"add a bucket of at least {n} tokens (a multiple of {seq_len}).")
+    if not fits: raise ValueError(f"{what} is longer than the largest of seq_buckets {sorted(buckets)}: add a bucket of at least {n}{unit}.")
     return fits[0]
 
 # %% ../nbs/11_text.ipynb #9ee266c8
@@ -246,14 +249,11 @@ def pad_texts_to_buckets(xla_dl, order:list, batches):
     steps = steps[getattr(xla_dl, 'skipped', 0):]          # (a resumed epoch: its first batches are not made)
     return (repad(b, n, pad) for b, n in zip(batches, steps))
 
-# %% ../nbs/11_text.ipynb #7be36233
+# %% ../nbs/11_text.ipynb #40922c37
 def input_bucket(n:int, buckets:list|None=None) -> int:
     "The length a `pad_input` batch whose longest item has `n` tokens is padded to."
     if buckets is None: return bucket_length(n, seq_len=8)
-    fits = [b for b in sorted(buckets) if b >= n]
-    if not fits: raise ValueError(f"A batch holds an item of {n} tokens, longer than the largest of seq_buckets {sorted(buckets)}: "
-                                  f"add a bucket of at least {n}.")
-    return fits[0]
+    return smallest_bucket(n, buckets, f"A batch's item of {n} tokens")
 
 def input_padding(dl) -> dict|None:
     "The arguments of fastai's `pad_input` where `dl` pads its batches with it, else None."

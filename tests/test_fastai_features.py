@@ -85,9 +85,10 @@ from helpers import *
 from pathlib import Path
 def prepare():
     Path('prepared').mkdir(exist_ok=True)
-    return len(list(Path('prepared').iterdir()))
+    seen = len(list(Path('prepared').iterdir()))
+    if replica_ordinal() == 0: Path('prepared', 'done').write_text('x')   # (written before the others may start)
+    return seen
 seen = rank0_first(prepare)                                  # fastai's rank0_first: the master first, then the others
-if replica_ordinal() == 0: Path('prepared', 'done').write_text('x')
 learn = linear_digits_learner()
 with learn.xla_distrib_ctx():                                 # fastai's distrib_ctx: a replica of the run inside
     learn.fit(1, 1e-2)

@@ -39,7 +39,7 @@ def _fastai_form(o):
 
 def _read(batch) -> bool: return not any(isinstance(x, torch.Tensor) for x in batch)
 
-# %% ../nbs/15a_hooks.ipynb #24625ad5
+# %% ../nbs/15a_hooks.ipynb #fb2cf64f
 class ActivationStatsOnXLA(XLAVersion):
     "fastai's `ActivationStats` on XLA: statistics kept on the device, read once per phase."
     cpu = property(lambda self: False, doc="The hooks keep each output on its device.")
@@ -56,6 +56,10 @@ class ActivationStatsOnXLA(XLAVersion):
         stats = list(self.stats)
         for i, b in zip(todo, read): stats[i] = _fastai_form(b)
         self.stats = L(stats)
+
+    def before_train(self):
+        # given to `fit`, fastai's callback (order -20) hooked the model before the device's callback made it this class
+        if self.every is None and any(h.cpu for h in getattr(self, 'hooks', ())): self._remove(); self._register()
 
     def after_train(self): self.read_stats()
     def after_fit(self):

@@ -23,7 +23,7 @@ from .checkpoint import (host_state, save_on_xla, save_sharded, load_sharded, re
 __all__ = ['launch_records', 'rng_states', 'set_rng_states', 'every_replica', 'weights_bytes', 'recorder_history',
            'restore_history', 'ResumeWhereStopped', 'Preempted', 'StopOnSignal', 'ResumeCallback']
 
-# %% ../nbs/05a_resume.ipynb #e3cdbcef
+# %% ../nbs/05a_resume.ipynb #a0d728eb
 def rng_states(runtime=None) -> dict:
     "This process's random generators: Python's, NumPy's, torch's and the device `runtime`'s."
     return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
@@ -49,13 +49,14 @@ def weights_bytes(o) -> bytes:
     buf = io.BytesIO(); torch.save(o, buf)
     return buf.getvalue()
 
-# %% ../nbs/05a_resume.ipynb #253553fd
+# %% ../nbs/05a_resume.ipynb #76857616
 def recorder_history(learn) -> dict|None:
     "The `Recorder`'s history in plain Python, or None before any fit."
     rec = getattr(learn, 'recorder', None)
     if rec is None or 'values' not in vars(rec): return None
     return dict(values=[list(v) for v in rec.values], losses=[float(v) for v in to_host(list(rec.losses))],
-                lrs=list(rec.lrs), iters=list(rec.iters), metric_names=list(rec.metric_names))
+                lrs=list(rec.lrs), iters=list(rec.iters), metric_names=list(rec.metric_names),
+                hps={k: [float(v) for v in vs] for k, vs in getattr(rec, 'hps', {}).items()})   # (a `ParamScheduler`'s, for `plot_sched`)
 
 def restore_history(learn, hist:dict|None):
     "Put `recorder_history`'s `hist` back into `learn`'s `Recorder`."
@@ -63,6 +64,7 @@ def restore_history(learn, hist:dict|None):
     rec = learn.recorder
     rec.values, rec.lrs, rec.iters = [list(v) for v in hist['values']], list(hist['lrs']), list(hist['iters'])
     rec.losses, rec.metric_names = [torch.tensor(v) for v in hist['losses']], L(hist['metric_names'])
+    if hist.get('hps'): rec.hps = {k: list(vs) for k, vs in hist['hps'].items()}
     if rec.values: learn.final_record = rec.values[-1]
 
 launch_records = {}   # name -> (get(learn), put(learn, value)): what else a feature carries across with the history (plain values), e.g. 14_gan's losses back from `learn.launch`
@@ -81,7 +83,7 @@ def _restore_smooth_loss(learn, s):
         if run is not None: sl.device, sl.beta_pow = run.device, move_to_device(torch.tensor(sl.beta ** sl.count), run.device)
         sl._value = None
 
-# %% ../nbs/05a_resume.ipynb #9fc33d04
+# %% ../nbs/05a_resume.ipynb #229f996b
 def _loader_positions(learn) -> list:
     "Each loader's epoch and seed, batch size and number of items."
     return [dict(epoch=getattr(dl, 'epoch', None), seed=getattr(dl, 'seed', None), bs=getattr(dl, 'bs', None),
@@ -101,7 +103,7 @@ def save_resume(self:Learner, file, next_epoch:int, batch:int=0):
     if sharded_checkpoints(self) is not None: return save_sharded(self, file, extra=fields)   # (its weights and state: a folder of shards, 17_fsdp)
     return save_on_xla(self, file, lambda: dict(**fields(), **host_state(self.model, self.opt, with_opt=True)))
 
-# %% ../nbs/05a_resume.ipynb #6b3ef68a
+# %% ../nbs/05a_resume.ipynb #7dc90f5a
 class ResumeWhereStopped(Callback):
     "One fit's callback, added by `load_resume`: start the fit inside the epoch where the run stopped, its history restored."
     order = 51   # after the Recorder's
@@ -189,7 +191,7 @@ def load_resume(self:Learner, file, missing_ok:bool=False) -> int:
     self.add_cb(ResumeWhereStopped(state, path))
     return state['next_epoch']
 
-# %% ../nbs/05a_resume.ipynb #3be04f8e
+# %% ../nbs/05a_resume.ipynb #52a75208
 class Preempted(SystemExit):
     "The run stopped on a signal, every replica after the same step"
     exit_status = PREEMPTED_STATUS
@@ -204,7 +206,7 @@ def _in_fit_of(learn, frame) -> bool:
         frame = frame.f_back
     return False
 
-# %% ../nbs/05a_resume.ipynb #2a0abcd6
+# %% ../nbs/05a_resume.ipynb #965e411d
 class StopOnSignal(Callback):
     "On `signals`, stop every replica after the same training step and leave with `Preempted`."
     order = 65   # after the Recorder and SaveModelCallback have seen the epoch
@@ -292,7 +294,7 @@ class StopOnSignal(Callback):
         if run is None or run.is_master: print(msg, file=sys.stderr, flush=True)
         raise Preempted(msg)
 
-# %% ../nbs/05a_resume.ipynb #87e8be86
+# %% ../nbs/05a_resume.ipynb #dd594fd5
 class ResumeCallback(StopOnSignal):
     "Write a resume checkpoint after every epoch, and on `signals` after the step every replica is at."
     def __init__(self, fname='resume', signals=('SIGTERM',), check_every:int=10):

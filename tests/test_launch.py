@@ -269,11 +269,13 @@ def test_what_a_launched_function_returns_comes_back(tmp_path):
         learn.launch(returns_a_lock, nprocs=2, transport='gloo')
     assert any((a != p).any() for a, p in zip(before, learn.model.parameters()))   # trained weights came back anyway
 
+def one_cycle(learn): learn.fit_one_cycle(1, 1e-2)
+
 def test_a_launch_under_no_bar_draws_no_bar(capfd):
-    "`with learn.no_bar(): learn.launch(...)`, as eager fastai under `no_bar`: the epochs' rows, printed by the master, and no progress bar; fastai's `ActivationStats` comes back (15a_hooks)."
+    "`with learn.no_bar(): learn.launch(...)`, as eager fastai under `no_bar`: the epochs' rows, printed by the master, and no progress bar; fastai's `ActivationStats` and the schedule come back (15a_hooks, 05a_resume)."
     from test_replicas import indexed_learner
     learn = indexed_learner(bs=32, cbs=ActivationStats(with_hist=True))
-    with learn.no_bar(): learn.launch(fit_one_epoch, nprocs=2, transport='gloo')
+    with learn.no_bar(): learn.launch(one_cycle, nprocs=2, transport='gloo')
     out = capfd.readouterr().out
     assert 'Epoch 1/1' not in out and '%' not in out, out[-2000:]
     assert out.count('[0, ') == 1, out[-2000:]                  # (fastai's logger without a bar: the row as a list, once)
@@ -281,6 +283,9 @@ def test_a_launch_under_no_bar_draws_no_bar(capfd):
     assert len(stats) == len(learn.dls.train) // 2 and isinstance(stats[0][0]['mean'], float), len(stats)
     assert stats[0][0]['hist'].shape == (40,) and stats[0][0]['hist'].sum() > 0
     learn.activation_stats.plot_layer_stats(0)                   # (fastai's plots, drawn in the launching process)
+    hps = learn.recorder.hps                                     # fit_one_cycle's learning rates and momentums, step by step
+    assert len(hps['lr']) == len(hps['mom']) == len(learn.dls.train) // 2 and max(hps['lr']) > 10 * hps['lr'][0], hps
+    learn.recorder.plot_sched(); learn.recorder.plot_loss()
 
 # --- fastai's way to repeat a run (issue 41): `set_seed` before it
 

@@ -19,7 +19,7 @@ __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_sig
            'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
            'reset_signals', 'named_signals', 'SignalNotice']
 
-# %% ../nbs/00c_replicas.ipynb #f0eb8c49
+# %% ../nbs/00c_replicas.ipynb #bae84e5f
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
 
 def _wire_groups(tensors) -> list:
@@ -33,11 +33,18 @@ def _flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1).to(_wire_dtype(t)) for t in tensors])
 
 def _copy_parts_(tensors, flat):
-    "Copy the consecutive parts of `flat` into `tensors`: sent to their device at once, split there."
-    if flat.device != tensors[0].device:
-        rt = runtime_of(tensors[0])
-        flat = rt.to_device([flat], tensors[0].device)[0] if rt is not None else flat.to(tensors[0].device)
-    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])): t.copy_(part.reshape(t.shape).to(t.dtype))
+    "Copy the consecutive parts of `flat` into `tensors`: split where `flat` is, sent to their device in one transfer."
+    parts = [part.reshape(t.shape).to(t.dtype) for t, part in zip(tensors, flat.split([t.numel() for t in tensors]))]
+    if flat.device == tensors[0].device:
+        for t, part in zip(tensors, parts): t.copy_(part)
+        return
+    rt, device = runtime_of(tensors[0]), tensors[0].device
+    sent = rt.to_device(parts, device) if rt is not None else [p.to(device) for p in parts]
+    # (each part as the data of its tensor: the next step updates it in place as every later step does, one graph for
+    # both; copied in, or split on the device, the first step after a broadcast of the weights compiled graphs of its own)
+    for t, part in zip(tensors, sent):
+        if t._base is None: t.data = part
+        else: t.copy_(part)
 
 def joining_error(s:Settings, e:Exception) -> Exception:
     "What to tell a replica that could not join the others."
@@ -52,7 +59,7 @@ def joining_error(s:Settings, e:Exception) -> Exception:
                         f"meet at {where}, and not all came ({e}). Start every replica, RANK 0 to {s.world_size - 1}, "
                         f"with the same WORLD_SIZE, MASTER_ADDR, MASTER_PORT and FASTAI_XLA_SECRET.")
 
-# %% ../nbs/00c_replicas.ipynb #f86d61b0
+# %% ../nbs/00c_replicas.ipynb #2e91d152
 def is_loopback(addr:str|None) -> bool:
     "Is `addr` this machine's loopback address?"
     import ipaddress
@@ -208,7 +215,7 @@ def nccl_links_on_loopback(s:Settings):
     name = loopback_interface()
     if links_on_loopback(s) and name is not None: os.environ['NCCL_SOCKET_IFNAME'] = name
 
-# %% ../nbs/00c_replicas.ipynb #d4efbfc7
+# %% ../nbs/00c_replicas.ipynb #387e6d6d
 class ProcessGroupCollectives(Collectives):
     "This replica among the others of its group of processes: a `torch.distributed` process group of its own, gloo via host memory, or a device's own."
     def __init__(self, settings:Settings, group:str='gloo', device=None):
@@ -313,7 +320,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-# %% ../nbs/00c_replicas.ipynb #80c0a3b4
+# %% ../nbs/00c_replicas.ipynb #5530ba86
 PREEMPTED_STATUS = 75   # EX_TEMPFAIL: a replica stopped on a signal after the same step as the others (05a_resume)
 INTERRUPTED_STATUS = 130   # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 

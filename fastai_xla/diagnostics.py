@@ -18,13 +18,13 @@ from .optimizer import step_phase
 from .callback import finding_lr, on_xla_learner
 
 # %% auto #0
-__all__ = ['BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'UNTOLD', 'BOUND_ADVICE', 'LATE_COMPILE_ADVICE',
-           'fallback_counts', 'fallback_modules', 'forward_hook_owners', 'XLAPerformanceWarning', 'fallback_advice',
-           'learner_backend', 'epoch_clock', 'time_split', 'device_measured', 'format_split', 'what_bounds',
-           'step_kind', 'late_compile_message', 'DeviceReadProbe', 'XLADiagnostics', 'add_diagnostics',
-           'enable_compile_cache', 'ProfileSteps']
+__all__ = ['HUGGING_FACE_MASKS', 'BATCH_EVENTS', 'BETWEEN_EVENTS', 'FALLBACK_ADVICE', 'HOST_SHARES', 'UNTOLD', 'BOUND_ADVICE',
+           'LATE_COMPILE_ADVICE', 'fallback_counts', 'fallback_modules', 'forward_hook_owners', 'hugging_face_models',
+           'XLAPerformanceWarning', 'fallback_advice', 'learner_backend', 'epoch_clock', 'time_split',
+           'device_measured', 'format_split', 'what_bounds', 'step_kind', 'late_compile_message', 'DeviceReadProbe',
+           'XLADiagnostics', 'add_diagnostics', 'enable_compile_cache', 'ProfileSteps']
 
-# %% ../nbs/07_diagnostics.ipynb #6962639e
+# %% ../nbs/07_diagnostics.ipynb #eaae2954
 def fallback_counts() -> dict:
     "How many times each `aten::` operation fell back to the CPU so far."
     return current_backend().counters.fallback_counts()
@@ -80,6 +80,14 @@ def forward_hook_owners(model:nn.Module) -> list:
             name = type(owner).__name__ if isinstance(owner, Callback) else getattr(fn, '__qualname__', type(fn).__name__)
             if name not in names: names.append(name)
     return names
+
+def hugging_face_models(model:nn.Module) -> list:
+    "The classes of the Hugging Face models inside `model`."
+    return sorted({type(m).__name__ for m in model.modules() if type(m).__module__.startswith('transformers.') and hasattr(m, 'config')})
+
+HUGGING_FACE_MASKS = ("Hugging Face's attention layers check the 2D `attention_mask` every batch (`mask.all()`) to skip it where "
+                      "nothing is masked: give the model a 4D boolean mask, which it takes as it is (an encoder's: "
+                      "`mask[:, None, None, :].bool()`), or none where nothing is padded")
 
 class XLAPerformanceWarning(UserWarning): pass
 
@@ -165,7 +173,7 @@ def what_bounds(rows:list) -> str:
                 f"{_share(total, 'waiting_for_batches'):.0%}). `ProfileSteps` traces a few steps where torch.profiler sees both.")
     return f"fit {last[0]['fit']}, {which}: bound by " + BOUND_ADVICE[worst].format(share=f'{_share(total, worst):.0%}')
 
-# %% ../nbs/07_diagnostics.ipynb #7dc5c4fe
+# %% ../nbs/07_diagnostics.ipynb #385254db
 def step_kind(learn) -> str|None:
     "What kind of step the learner takes next, where its callbacks train different graphs in turn: the `xla_step_kind` of the callbacks that have one."
     # (read at every batch: asked of the callbacks' classes, not through fastai's `Callback.__getattr__`, which tries the learner)
@@ -192,7 +200,7 @@ def late_compile_message(row:dict, late:list, unexpected:int) -> str:
     return (f"{unexpected} graph{'s' if unexpected > 1 else ''} compiled in epoch {row['epoch']}, after the first, where the "
             f"steps should reuse the first epoch's: {where}. " + ' '.join(LATE_COMPILE_ADVICE[c] for c in LATE_COMPILE_ADVICE if c in causes))
 
-# %% ../nbs/07_diagnostics.ipynb #261b5e4c
+# %% ../nbs/07_diagnostics.ipynb #50c2405d
 class DeviceReadProbe(Callback):
     "Which part of a step reads the device: the reads between its calls at each event of the first `steps` training steps of a fit, then it leaves the learner."
     run_valid = False
@@ -323,6 +331,8 @@ class XLADiagnostics(Callback):
         inside = BETWEEN_EVENTS.get(event)
         hooks = forward_hook_owners(self.learn.model) if event == 'after_pred' else []
         if hooks: inside += f" or its forward hooks ({', '.join(hooks)}: keep their values on the device, read them once per phase)"
+        hf = hugging_face_models(self.learn.model) if event == 'after_pred' else []
+        if hf: inside += f" ({', '.join(hf)}: {HUGGING_FACE_MASKS})"
         return (f" They come before `{event}` ({n / probe.probes:.0f} per step of the first {probe.probes}): "
                 + (f"in a callback's `{event}`{f' or `{BATCH_EVENTS[i-1]}`' if i else ''} ({', '.join(cbs)})" if cbs else '')
                 + (' or ' if cbs and inside else '') + (f'in {inside}' if inside else '') + '.')

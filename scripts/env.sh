@@ -1,7 +1,7 @@
 # Source me: creates (once) the environments fastai_xla is developed and tested in.
 #   .venv         Python 3 (3.11 here), torch 2.9.0 + torch_xla 2.9.0, fastai 2.8.7 and nbdev 2 (nbdev 2 needs
 #                 fastcore < 2, so this is the newest fastai it can live with), nbconvert for the docs: the
-#                 development environment
+#                 development environment (and transformers, for the test of a Hugging Face model in a Learner)
 # and, with `source scripts/env.sh images`, copies of the two TPU images users train on, each with fastai_xla
 # installed by the README's command for them (the image's torch stack and fastcore kept):
 #   .venv-colab   Colab's TPU image: Python 3.13 (if there is one), torch 2.9.0, torch_xla 2.9.0, torchvision
@@ -22,7 +22,7 @@ PY="${PYTHON:-python3}"
 # Whoever sources this file writes bytecode into these environments.
 PIP_QUIET=(-q --disable-pip-version-check --no-cache-dir --no-compile)
 unset PYTHONDONTWRITEBYTECODE
-BASE_SPEC="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai==2.8.7 fastcore==1.14.5 nbdev==2.4.14 execnb==0.1.18 scikit-learn pytest nbclient ipykernel"
+BASE_SPEC="torch==2.9.0 torch_xla==2.9.0 torchvision==0.24.0 fastai==2.8.7 fastcore==1.14.5 nbdev==2.4.14 execnb==0.1.18 scikit-learn pytest nbclient ipykernel transformers==5.24.0"
 TEST_TOOLS="pytest pytest-xdist nbclient ipykernel scikit-learn"
 
 _stamp_ok() { [ -f "$1/.fastai_xla-stamp" ] && [ "$(cat "$1/.fastai_xla-stamp")" = "$2" ]; }

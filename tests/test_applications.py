@@ -181,3 +181,40 @@ def test_keypoints_with_default_aug_transforms_train_like_eager(tmp_path):
     eager, on_xla = cpu.recorder.values[-1][1], xla.recorder.values[-1][1]
     spread = torch.cat([y for _, y in cpu.dls.valid]).flatten(1).var(0).mean().item()   # (the loss of always guessing the mean: ~0.008)
     assert on_xla < spread / 2 and on_xla < 1.5 * eager, (on_xla, eager, spread)   # (eager's own varies by 1.5x between runs)
+
+class HuggingFaceLogits(nn.Module):
+    "A Hugging Face classifier as fastai takes a model: token ids in, logits out (0 the padding token)."
+    def __init__(self, model, mask_4d:bool): super().__init__(); self.model, self.mask_4d = model, mask_4d
+    def forward(self, ids):
+        mask = (ids != 0)[:, None, None, :] if self.mask_4d else (ids != 0).long()   # (4D: taken as it is, never read)
+        return self.model(input_ids=ids, attention_mask=mask).logits
+
+def bert_digits_learner(mask_4d:bool):
+    "A random-init `BertForSequenceClassification` (its config alone: nothing downloaded) on the digits, each image's 64 pixel intensities its tokens."
+    from transformers import BertConfig, BertForSequenceClassification
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x, y = torch.tensor(d.data, dtype=torch.long) + 1, torch.tensor(d.target)   # (intensities 0-16 as tokens 1-17)
+    dls = DataLoaders.from_dsets(list(zip(x[:1400], y[:1400])), list(zip(x[1400:], y[1400:])), bs=64, device='cpu')
+    set_seed(0, reproducible=True)
+    config = BertConfig(vocab_size=20, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        max_position_embeddings=64, hidden_dropout_prob=0., attention_probs_dropout_prob=0., num_labels=10)
+    return Learner(dls, HuggingFaceLogits(BertForSequenceClassification(config), mask_4d), loss_func=CrossEntropyLossFlat(), metrics=accuracy)
+
+def test_a_random_init_hugging_face_bert_trains_like_eager():
+    """Issue 83: a Hugging Face BERT behind a logits wrapper (`transformers`, a test dependency of the development stack).
+    With a 4D mask: eager's losses, no compile after epoch 1, 2 reads an epoch. With the 2D mask Hugging Face users pass,
+    its attention layers read the mask every batch (transformers' `_ignore_bidirectional_mask_sdpa`): the warning names
+    the model and the 4D mask."""
+    pytest.importorskip('transformers')
+    fit = lambda l: l.fit_one_cycle(2, 3e-3)
+    cpu = bert_digits_learner(mask_4d=True)
+    with cpu.no_bar(), cpu.no_logging(): fit(cpu)
+    xla = bert_digits_learner(mask_4d=True).to_xla(seed=0)
+    epochs, perf = fit_xla(xla, fit)
+    assert_steady(epochs, perf, max_reads=12)
+    valid_loss = lambda l: l.recorder.values[-1][1]
+    assert abs(valid_loss(xla) - valid_loss(cpu)) < 0.01 * valid_loss(cpu), (valid_loss(xla), valid_loss(cpu))
+    epochs, perf = fit_xla(bert_digits_learner(mask_4d=False).to_xla(seed=0), lambda l: l.fit(1, 3e-3))
+    assert epochs[0]['to_host'] > len(xla.dls.train), epochs
+    assert any('BertForSequenceClassification' in w and '`mask[:, None, None, :].bool()`' in w for w in perf), perf

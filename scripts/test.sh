@@ -62,6 +62,7 @@ echo "== 1. $DEV: the package and README up to date with nbs/"
 git diff --exit-code -- fastai_xla || { echo "fastai_xla/ is out of date with nbs/: run nbdev_export and commit" >&2; exit 1; }
 .venv/bin/python tools/readme.py --check
 .venv/bin/python tools/docstrings.py --check   # one line each, median <= 70 characters, none over 200
+.venv/bin/python tools/docs.py --check-cells   # no cell the docs build would refuse (the site itself is built at the end)
 .venv/bin/ruff check .   # pyflakes' rules (pyproject.toml): no unused import or variable, no undefined name, no redefinition
 if [ $ALL = 1 ]; then   # (--all: the notebooks' tests on this stack too, each in a process of its own, two at a time)
     ls nbs/*.ipynb | xargs -P 2 -I{} .venv/bin/nbdev_test --path {} --timing

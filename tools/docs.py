@@ -1,6 +1,7 @@
 """Build the docs site into _docs/: a page per notebook in nbs/, as nbdev builds it.
 
     PJRT_DEVICE=CPU python tools/docs.py     (what `bash scripts/docs.sh` runs, in .venv)
+    python tools/docs.py --check-cells       (step 1's rule alone, in seconds, without building)
 
 1. nbdev processes the notebooks into _proc/ (`nbdev.serve.proc_nbs`): it adds `show_doc` for every exported
    name, runs the exported cells, the imports and the `show_doc` cells (nothing else: a cell that mixes
@@ -189,7 +190,23 @@ def broken_links() -> list:
             elif anchor and anchor not in ids[target]: broken.append(f'{name}: {href} (no anchor #{anchor} in {target})')
     return broken
 
+def mixed_cells() -> list:
+    "The cells nbdev would refuse while building (imports mixed with other code), by nbdev's own rule, without building."
+    from nbdev.process import NBProcessor
+    from nbdev.processors import _do_eval
+    mixed = []
+    for p in sorted(NBS.glob('*.ipynb')):
+        for cell in NBProcessor(p, procs=[]).nb.cells:
+            with warnings.catch_warnings(record=True) as told:
+                warnings.simplefilter('always'); _do_eval(cell)
+            if any('Found cells containing imports' in str(w.message) for w in told): mixed.append(f'{p.name}: {cell.source.splitlines()[0]}')
+    return mixed
+
 if __name__ == '__main__':
+    if sys.argv[1:] == ['--check-cells']:   # (seconds: the test command runs it first, the site at its end)
+        mixed = mixed_cells()
+        if mixed: sys.exit('docs: cells that mix imports with other code (put the imports in a cell of their own):\n  ' + '\n  '.join(mixed))
+        sys.exit(0)
     process_notebooks()
     sections = yaml.safe_load((NBS/'sidebar.yml').read_text())['website']['sidebar']['contents']
     if shutil.which('quarto'):

@@ -17,7 +17,7 @@ from .replicas import meeting_store, reset_signals, process_signals, interrupted
 # %% auto #0
 __all__ = ['LoopbackRendezvous', 'exit_status', 'record_error', 'ReplicaRecord', 'read_record', 'ReplicasFailed', 'launcher_pid',
            'watch_launcher', 'replica_main', 'new_interpreter_main', 'quiet_engine', 'in_thread', 'wait_for_agent',
-           'modules_to_preload', 'ElasticLauncher', 'no_room', 'first_failure']
+           'modules_to_preload', 'ElasticLauncher', 'no_space_error', 'first_failure']
 
 # %% ../nbs/00f_agent.ipynb #562d128f
 class LoopbackRendezvous(RendezvousHandler):
@@ -183,7 +183,7 @@ def new_interpreter_main():
 # what a fresh interpreter of ours runs; not `-m` a module of the package (`runpy` would warn of a module imported twice)
 _NEW_INTERPRETER = 'from fastai_xla.agent import new_interpreter_main; new_interpreter_main()'
 
-def _packaged(fn):
+def _by_module_name(fn):
     "`fn` as this module of the package has it, for pickling by name."
     import importlib
     return getattr(importlib.import_module('fastai_xla.agent'), fn.__name__)
@@ -283,7 +283,7 @@ class ElasticLauncher(Launcher):
         try:
             (folder/'replicas.json').write_text(json.dumps(dict(path=list(sys.path), modules=modules_to_preload(runtime.modules))))
             (folder/'replicas.pkl').write_bytes(cloudpickle.dumps(job))
-        except OSError as e: raise no_room(e, folder.parent) from e
+        except OSError as e: raise no_space_error(e, folder.parent) from e
 
     def run(self, fn, args:tuple=(), nprocs:int|None=None, start_method:str='spawn', folder=None, tick=None):
         "Run `fn(rank, *args)` in every replica until all ended: `tick()` every 0.1 s meanwhile"
@@ -297,7 +297,7 @@ class ElasticLauncher(Launcher):
         try:
             self._write_job(folder, fn, args, nprocs, start_method)
             entry, entry_args = ((sys.executable, ('-c', _NEW_INTERPRETER, str(folder))) if start_method == 'spawn'
-                                 else (_function_entry if start_method == 'fork' else _packaged(_function_entry), (str(folder),)))
+                                 else (_function_entry if start_method == 'fork' else _by_module_name(_function_entry), (str(folder),)))
             spec = WorkerSpec(role='replica', local_world_size=nprocs, entrypoint=entry, args=entry_args, monitor_interval=0.05,
                               rdzv_handler=LoopbackRendezvous(secrets.token_hex(8), self.settings.timeout), max_restarts=self.max_restarts)
             self.agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=str(folder/'agent')),
@@ -319,7 +319,7 @@ class ElasticLauncher(Launcher):
                 import shutil; shutil.rmtree(folder, ignore_errors=True)
 
 
-def no_room(e:OSError, where) -> OSError:
+def no_space_error(e:OSError, where) -> OSError:
     "A launch's files could not be written into `where`: say what to do."
     return OSError(e.errno, f"The launch cannot write its files (the job, the replicas' progress, the result with the weights) "
                             f"in {where}: {e.strerror or e}. Free space there, or set the environment variable TMPDIR to a "

@@ -8,11 +8,11 @@ import os, glob, threading, importlib, importlib.util, importlib.metadata
 import torch
 
 # %% auto #0
-__all__ = ['Alone', 'BACKENDS', 'Runtime', 'Collectives', 'check_start_method', 'Launcher', 'Counters', 'Profiler', 'SPMD',
-           'Loops', 'Backend', 'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend',
+__all__ = ['BACKENDS', 'Runtime', 'Collectives', 'check_start_method', 'Launcher', 'Counters', 'Profiler', 'SPMD', 'Loops',
+           'Backend', 'tpu_pci_devices', 'tpu_chips', 'google_torch_tpu', 'has_torch_xla', 'register_backend',
            'backend_class', 'automatic_backend', 'backend_for', 'driving_backend', 'runtime_of']
 
-# %% ../nbs/00_backend.ipynb #d59d224f
+# %% ../nbs/00_backend.ipynb #72f8c89f
 class Runtime:
     "The device of one replica: where its tensors live and how a step ends."
     device_type = None   # the `torch.device` type its tensors have ('xla', 'tpu', 'cpu')
@@ -66,7 +66,6 @@ class Collectives:
     reads = 0   # (how often these collectives read the device: gloo's, through host memory; in-graph ones never)
     def close(self): "Let go of this replica's group and store."
 
-Alone = Collectives   # the collectives of a run of one replica: nothing to reach
 
 def check_start_method(asked:str):
     "Refuse a start method a launch does not take, saying which it takes."
@@ -145,7 +144,7 @@ class Loops:
         "The final carry and stacked outputs of the pure function `fn` over the first dimension of `xs`, as one loop."
         raise NotImplementedError
 
-# %% ../nbs/00_backend.ipynb #19bb12fb
+# %% ../nbs/00_backend.ipynb #47c1f9af
 class Backend:
     "One device runtime: an object per role, and its replica decisions."
     name, device_types = None, ()   # device_types: the `torch.device` types of its devices, but the host's ('cpu')
@@ -161,7 +160,7 @@ class Backend:
         "Does this backend, for a run with `settings`, train on the device of the backend `other`? Then `other`'s runtime started is this one's own."
         return False
     @classmethod
-    def variant(cls, settings):
+    def instance_key(cls, settings):
         "What of `settings` besides the name tells two instances of this backend apart in one process"
         return None
     @classmethod
@@ -179,7 +178,7 @@ class Backend:
         raise NotImplementedError
     def __repr__(self): return f'{type(self).__name__}({self.runtime.device_type})'
 
-# %% ../nbs/00_backend.ipynb #268424dc
+# %% ../nbs/00_backend.ipynb #2208e71f
 _GOOGLE_PCI_VENDOR = '0x1ae0'
 
 def tpu_pci_devices() -> list:
@@ -210,7 +209,7 @@ def google_torch_tpu() -> str|None:
 
 def has_torch_xla() -> bool: return importlib.util.find_spec('torch_xla') is not None
 
-# %% ../nbs/00_backend.ipynb #185f606f
+# %% ../nbs/00_backend.ipynb #df35c9e9
 BACKENDS = {}   # name -> `Backend` class, in the order of the automatic choice: filled by `register_backend`
 
 def register_backend(cls:type) -> type:
@@ -238,7 +237,7 @@ def backend_for(settings) -> Backend:
     if started:
         raise RuntimeError(f"This process already trains on the {started[0]} backend; one process uses one backend. "
                            f"Start a new process (or kernel) for {cls.name!r}.")
-    made, key = _made.__dict__.setdefault('backends', {}), (cls.name, cls.variant(settings))
+    made, key = _made.__dict__.setdefault('backends', {}), (cls.name, cls.instance_key(settings))
     if key not in made: made[key] = cls(settings)
     return made[key]
 
@@ -246,7 +245,7 @@ def _runtime_started(name) -> bool:
     "Has this process started the runtime of the backend `name`?"
     return backend_class(name).runtime_started_in_process()
 
-# %% ../nbs/00_backend.ipynb #fba62218
+# %% ../nbs/00_backend.ipynb #67a12710
 def driving_backend(device_type:str) -> type|None:
     "The class of the backend whose own device `device_type` is, or None."
     return next((backend_class(n) for n in BACKENDS if device_type in backend_class(n).device_types), None)

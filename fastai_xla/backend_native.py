@@ -196,7 +196,7 @@ class Native(Backend):
     @classmethod
     def runtime_started_in_process(cls): return NativeRuntime.chip_started
     @classmethod
-    def variant(cls, settings): return settings.native_device
+    def instance_key(cls, settings): return settings.native_device
     @classmethod
     def check_usable(cls, settings):
         if native_device_type(settings.native_device) == 'tpu' and google_torch_tpu() is not None: check_tpu_launch_env(settings, tpu_pci_devices())

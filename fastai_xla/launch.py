@@ -12,7 +12,7 @@ from fastai.learner import Learner
 from .backend import backend_for
 from .settings import current_settings
 from .replicas import check_nprocs_arg, pid_alive
-from .agent import ReplicasFailed, no_room
+from .agent import ReplicasFailed, no_space_error
 from .core import AutogradStartedFirst
 from .settings import drawn_seed
 from .data import check_loaders
@@ -49,10 +49,10 @@ def _job_folder() -> Path:
         job_dir = Path(tempfile.mkdtemp(prefix='fastai_xla-', dir=where))
         try: (job_dir/'owner').write_text(str(os.getpid()))
         except OSError: shutil.rmtree(job_dir, ignore_errors=True); raise
-    except OSError as e: raise no_room(e, where) from e
+    except OSError as e: raise no_space_error(e, where) from e
     return job_dir
 
-def _packed(job, method='spawn', forked_first=False) -> bytes:
+def _pickled_job(job, method='spawn', forked_first=False) -> bytes:
     "`job` pickled for replicas that are not forked, or why it cannot be."
     try: return cloudpickle.dumps(job)
     except Exception as e:
@@ -118,7 +118,7 @@ def launch(self:Learner,
 @patch
 def _launch_job(self:Learner, job_dir, job, launcher, nprocs, method, forked_first=False):
     "Start the replicas on `job` in `job_dir`, draw their progress here, raise what their records say, load the result."
-    job = job if method == 'fork' else _packed(job, method, forked_first)   # (forked replicas inherit it: nothing pickled)
+    job = job if method == 'fork' else _pickled_job(job, method, forked_first)   # (forked replicas inherit it: nothing pickled)
     log, display, pos = EventLog(job_dir/'events.jsonl'), _ProgressDisplay(), [0]
     def tick():
         events, pos[0] = log.read_from(pos[0])

@@ -12,7 +12,7 @@ from .agent import watch_launcher
 
 # %% auto #0
 __all__ = ['ReplicasDiverged', 'master_gone_message', 'Meetings', 'Supervisor', 'AgentSupervisor', 'StoreSupervisor',
-           'ended_with', 'TellingFailures']
+           'tell_replica_ended', 'TellingFailures']
 
 # %% ../nbs/00g_meetings.ipynb #10fc9d2f
 class ReplicasDiverged(RuntimeError):
@@ -240,7 +240,7 @@ def _stop_process(rank, why):
     if not interrupted.is_set(): print(f"fastai_xla: replica {rank} stops, because {why}", file=sys.__stderr__, flush=True)
     os._exit(1)
 
-def ended_with(e:BaseException):
+def tell_replica_ended(e:BaseException):
     "This thread's replica's work ended with `e`: an end every replica reaches together is a normal finish"
     run = this_thread.run
     if run is None: return
@@ -251,7 +251,7 @@ class _TellingHook:
     "`sys.excepthook` of a replica process: an exception that ends the script is told to the other replicas, then shown as before."
     def __init__(self, previous): self.previous = previous
     def __call__(self, kind, e, tb):
-        ended_with(e)
+        tell_replica_ended(e)
         self.previous(kind, e, tb)
 
 class TellingFailures:
@@ -261,7 +261,7 @@ class TellingFailures:
         if multiprocessing.parent_process() is not None: watch_launcher()   # (a replica process of `xmp.spawn`'s)
         try: out = self.fn(*args, **kwargs)
         except BaseException as e:
-            ended_with(e)
+            tell_replica_ended(e)
             raise
         if this_thread.run is not None: this_thread.run.supervisor.finish()
         return out

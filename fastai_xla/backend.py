@@ -49,7 +49,7 @@ class Runtime:
 
 class Collectives:
     "How this replica reaches the others of its run."
-    name, runs_alone = 'alone', False
+    name, runs_with_one_replica = 'alone', False
     def ordinal(self) -> int: "This replica's ordinal among all replicas."; return 0
     def local_ordinal(self) -> int: "This replica's ordinal among those of its host."; return 0
     def count(self) -> int: "How many replicas train together."; return 1

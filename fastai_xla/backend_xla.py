@@ -172,7 +172,7 @@ def always_all_reduce() -> bool:
 class XLACollectives(Collectives):
     "torch_xla's in-graph collectives between `xmp.spawn`'s replicas."
     name = 'xla'
-    def __init__(self): self.runs_alone = always_all_reduce()
+    def __init__(self): self.runs_with_one_replica = always_all_reduce()
     def ordinal(self): return _xr().global_ordinal()
     def local_ordinal(self): return _xr().local_ordinal()
     def count(self): return _xr().world_size()
@@ -234,7 +234,7 @@ class AgentXLACollectives(ProcessGroupCollectives):
     "Replicas torch's agent placed on devices whose runtime reaches the others: torch_xla's in-graph collectives for tensors, the agent's store and a gloo group for meetings and objects."
     def __init__(self, settings:Settings):
         super().__init__(settings, 'gloo')
-        self.name, self.runs_alone = 'xla', always_all_reduce()
+        self.name, self.runs_with_one_replica = 'xla', always_all_reduce()
         check_agent_placement(settings)
     via_host = False
     def all_reduce_sum(self, tensors, scale=1.0): _xm().all_reduce(_xm().REDUCE_SUM, list(tensors), scale=scale)

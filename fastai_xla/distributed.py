@@ -244,7 +244,7 @@ def spawn(fn, args:tuple=(), nprocs:int|None=None, backend:str|None=None, start_
 def rank0_first(func, *args, **kwargs):
     "fastai's `rank0_first` for XLA replicas: `func(*args, **kwargs)` on the master first, then on the others"
     collectives = this_thread.run.collectives if this_thread.run is not None else replica_collectives()
-    if collectives.count() == 1 and not collectives.runs_alone: return func(*args, **kwargs)
+    if collectives.count() == 1 and not collectives.runs_with_one_replica: return func(*args, **kwargs)
     first = collectives.ordinal() == 0
     if first: res = func(*args, **kwargs)
     if this_thread.run is not None: this_thread.run.barrier('fastai_xla rank0_first')

@@ -44,7 +44,7 @@ class Run:
     timeout = property(lambda self: self.settings.timeout)
     fault_grace = property(lambda self: self.settings.fault_grace)
     supervisor = property(lambda self: self.meetings.supervisor, doc="Who judges how this run ended: torch's agent, or the replicas through their meetings' store (`00g_meetings`).")
-    together = property(lambda self: self.count > 1 or self.collectives.runs_alone,
+    together = property(lambda self: self.count > 1 or self.collectives.runs_with_one_replica,
                         doc="Do this run's replicas talk (several of them, or torch_xla's collectives run with one)?")
     def __repr__(self): return (f'Run({self.run_id}, {self.backend.name} on {self.device}, replica {self.ordinal} of {self.count} '
                                 f'({self.collectives.name}), seed {self.seed})')

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from fastai.optimizer import OptimWrapper, Lookahead
 from fastai.callback.core import Callback
 from .core import map_tensors
-from .replicas import private_prefix, key_secret, room, gloo_links_on_loopback, nccl_links_on_loopback
+from .replicas import private_prefix, key_secret, store_namespace, gloo_links_on_loopback, nccl_links_on_loopback
 from .run import is_local_master
 from .optimizer import local_shard, like_param
 from .callback import rebind_optimizer, state_of, Change
@@ -58,7 +58,7 @@ def fsdp_mesh(run):
     group = fsdp_group(kind)
     if not dist.is_initialized():
         s, shared = run.settings, run.collectives.store() if run.count > 1 else None
-        store = dist.PrefixStore(private_prefix(key_secret(s), room(s, 'fsdp')), shared) if shared is not None else dist.HashStore()
+        store = dist.PrefixStore(private_prefix(key_secret(s), store_namespace(s, 'fsdp')), shared) if shared is not None else dist.HashStore()
         if group == 'nccl': nccl_links_on_loopback(s)
         with gloo_links_on_loopback(s):
             dist.init_process_group(group, store=store, rank=run.ordinal, world_size=run.count,

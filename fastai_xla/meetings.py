@@ -7,7 +7,7 @@ from __future__ import annotations
 import os, sys, time, signal, socket, atexit, secrets, threading, traceback, multiprocessing
 import torch.distributed as dist
 from .settings import Settings, this_thread
-from .replicas import meeting_store, private_prefix, key_secret, room, interrupted, process_signals
+from .replicas import meeting_store, private_prefix, key_secret, store_namespace, interrupted, process_signals
 from .agent import watch_launcher
 
 # %% auto #0
@@ -49,10 +49,10 @@ class Meetings:
         "Every replica: connect to the store where the replicas meet: the one their collectives share, else one the master opens."
         run = self.run
         if not run.together or self.store is not None: return self.store
-        this_thread.stores += 1                 # (a thread's second run meets in rooms of its own: every replica opens them in turn)
+        this_thread.stores += 1                 # (a thread's second run meets in namespaces of its own: every replica opens them in turn)
         name = 'run' if this_thread.stores == 1 else f'run{this_thread.stores}'
         shared = run.collectives.store()
-        if shared is not None: return self.use(dist.PrefixStore(private_prefix(key_secret(run.settings), room(run.settings, name)), shared))
+        if shared is not None: return self.use(dist.PrefixStore(private_prefix(key_secret(run.settings), store_namespace(run.settings, name)), shared))
         # (one host: on loopback alone, nothing a stranger on the network can reach; several: the master's address alone)
         host = '127.0.0.1' if run.local_count >= run.count else _store_host(run.settings)
         store, self.listener = meeting_store(host, 0, run.count, run.timeout, serve=True) if run.is_master else (None, None)

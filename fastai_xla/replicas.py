@@ -14,10 +14,10 @@ from .settings import Settings
 
 # %% auto #0
 __all__ = ['PREEMPTED_STATUS', 'INTERRUPTED_STATUS', 'interrupted', 'process_signals', 'joining_error', 'is_loopback',
-           'listening_socket', 'meeting_store', 'private_prefix', 'key_secret', 'own_folder', 'agent_secret', 'room',
-           'check_exposure', 'links_on_loopback', 'gloo_options', 'loopback_interface', 'gloo_links_on_loopback',
-           'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg', 'pid_alive', 'free_port',
-           'reset_signals', 'named_signals', 'SignalNotice']
+           'listening_socket', 'meeting_store', 'private_prefix', 'key_secret', 'own_folder', 'agent_secret',
+           'store_namespace', 'check_exposure', 'links_on_loopback', 'gloo_options', 'loopback_interface',
+           'gloo_links_on_loopback', 'nccl_links_on_loopback', 'ProcessGroupCollectives', 'check_nprocs_arg',
+           'pid_alive', 'free_port', 'reset_signals', 'named_signals', 'SignalNotice']
 
 # %% ../nbs/00c_replicas.ipynb #bae84e5f
 def _wire_dtype(t): return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
@@ -90,10 +90,10 @@ def meeting_store(addr:str, port:int, world_size:int, timeout:float, serve:bool)
 
 _MAKE_SECRET = 'python -c "import secrets; print(secrets.token_hex(16))"'
 
-def private_prefix(secret:str|None, room:str) -> str:
-    "Where a run keeps `room`'s keys in a store: `room/` and a name derived from the run's secret."
-    if not secret: return f'{room}/'
-    return f"{room}/{hmac.new(secret.encode(), room.encode(), hashlib.sha256).hexdigest()[:32]}/"
+def private_prefix(secret:str|None, namespace:str) -> str:
+    "Where a run keeps `namespace`'s keys in a store: `namespace/` and a name derived from the run's secret."
+    if not secret: return f'{namespace}/'
+    return f"{namespace}/{hmac.new(secret.encode(), namespace.encode(), hashlib.sha256).hexdigest()[:32]}/"
 
 def key_secret(s:Settings) -> str|None:
     "What a run's keys are named after: its secret"
@@ -165,8 +165,8 @@ def agent_secret() -> str:
         _agent_secrets[path] = path.read_text().strip()
     return _agent_secrets[path]
 
-def room(s:Settings, name:str) -> str:
-    "The room `name` of this attempt of the run: an attempt torch's agent restarted meets in rooms of its own."
+def store_namespace(s:Settings, name:str) -> str:
+    "The store namespace `name` of this attempt of the run: an attempt torch's agent restarted has namespaces of its own."
     return f'{name}/{s.restart_count}' if s.restart_count else name
 
 def check_exposure(s:Settings):
@@ -243,7 +243,7 @@ class ProcessGroupCollectives(Collectives):
         "This replica's process group."
         if self._group is None:
             s = self.settings
-            store = dist.PrefixStore(private_prefix(key_secret(s), room(s, 'group')), self.store())
+            store = dist.PrefixStore(private_prefix(key_secret(s), store_namespace(s, 'group')), self.store())
             timeout = datetime.timedelta(seconds=s.timeout)
             try:
                 if self.group_backend == 'gloo': self._group = dist.ProcessGroupGloo(store, s.rank, s.world_size, gloo_options(s, timeout))

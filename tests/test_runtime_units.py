@@ -10,7 +10,7 @@ import pytest
 import torch
 from fastai_xla.backend import backend_for, BACKENDS
 from fastai_xla.settings import Settings, replica_env, current_settings, this_thread
-from fastai_xla.replicas import (meeting_store, private_prefix, key_secret, room, check_exposure,
+from fastai_xla.replicas import (meeting_store, private_prefix, key_secret, store_namespace, check_exposure,
                                  check_nprocs_arg, free_port, pid_alive, agent_secret)
 from fastai_xla.run import Run
 from fastai_xla.meetings import ReplicasDiverged
@@ -105,7 +105,7 @@ def test_the_store_and_its_listener_each_close_their_own_descriptor():
 def test_a_runs_keys_are_named_after_its_secret_and_its_attempt():
     a, b = private_prefix('x' * 32, 'run'), private_prefix('y' * 32, 'run')
     assert a != b and a.startswith('run/') and len(a) > 30 and private_prefix(None, 'run') == 'run/'
-    assert room(Settings(restart_count=2), 'run') == 'run/2' and room(Settings(), 'run') == 'run'
+    assert store_namespace(Settings(restart_count=2), 'run') == 'run/2' and store_namespace(Settings(), 'run') == 'run'
     assert key_secret(Settings(secret='z' * 32)) == 'z' * 32 and key_secret(Settings()) is None
 
 def test_a_store_the_network_reaches_needs_a_secret():

@@ -98,7 +98,7 @@ def _stranger_knowing(where_file, addr, stop, acts):
     while not where_file.exists() and not stop.is_set() and time.time() < deadline: time.sleep(0.05)
     if not where_file.exists(): return
     where = json.loads(where_file.read_text())
-    names = ['', 'run/', 'run//'] + [private_prefix(where['run_id'], room) for room in ('run', 'group')]
+    names = ['', 'run/', 'run//'] + [private_prefix(where['run_id'], namespace) for namespace in ('run', 'group')]
     try: store = dist.TCPStore(addr, where['port'], is_master=False, wait_for_workers=False, timeout=timedelta(seconds=5))
     except Exception as e: acts.append(f'refused: {e}'); return
     acts.append('connected')

@@ -157,7 +157,7 @@ class TPUCallback(Callback):
         if getattr(learn, 'opt', None) is not None:
             rebind_optimizer(self.opt, self.model, moved, learn.splitter)
             learn.xla_changes.optimizer(self.opt, grouped=self.grouped_steps)
-        if learn.xla_run.together and finding_lr(learn):
+        if learn.xla_run.runs_collectives and finding_lr(learn):
             learn.add_cb(RestoreAfterLRFind(self.model, self.opt))
 
     def before_train(self):   # the replicas train together: all of them, at the same epoch (see `Meetings.meet`)
@@ -312,7 +312,7 @@ class StepBoundaryCallback(Callback):
     def after_batch(self):
         loss = getattr(self.learn, 'smooth_loss', None)
         run = self.learn.xla_run
-        if self.training and self.exact and isinstance(loss, torch.Tensor) and run.together:
+        if self.training and self.exact and isinstance(loss, torch.Tensor) and run.runs_collectives:
             # LRFinder stops on this value: every replica must see the same one, or one stops while the others wait
             run.all_reduce_mean_([loss])
         if self.training and not self.exact and isinstance(loss, torch.Tensor) and off_host(loss):

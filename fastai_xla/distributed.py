@@ -106,7 +106,7 @@ def to_tpu_distributed(self:Learner,
     if compile_cache: enable_compile_cache(compile_cache, settings=settings)
     run = Run(settings).enter().agree(seed)   # the master's run id and seed, on every replica
     if fsdp: check_fsdp(run, fsdp)            # (before anything changes: torch_xla, a device without its own process group, a bad policy)
-    if run.together:
+    if run.runs_collectives:
         run.meetings.open()
         run.supervisor.watch()                # (replicas started by hand; torch's agent watches its own)
         if settings.supervised: watch_launcher()   # (torchrun killed: its replicas end too; `learn.launch`'s watch theirs already)
@@ -114,12 +114,12 @@ def to_tpu_distributed(self:Learner,
         num_workers = workers_per_replica(getattr(torch_loader(self.dls.train), 'num_workers', 0), run.local_count)
     # (a sharded model reaches the device shard by shard, from the master's weights: never whole on one chip, 17_fsdp)
     self.to_xla(run=run, num_workers=num_workers, place_model=placed_sharded(fsdp) if fsdp else None, **kwargs)
-    if sync_bn and run.together: sync_batch_norms(self)
+    if sync_bn and run.runs_collectives: sync_batch_norms(self)
     warn_small_batches(self, run)
     if settings.restart_count and not any(isinstance(cb, StartedAgain) for cb in self.cbs): self.xla_changes.add_cb(StartedAgain())
-    if run.together: self.xla_changes.add_cb(CancelTogether())
+    if run.runs_collectives: self.xla_changes.add_cb(CancelTogether())
     if settings.supervised and launcher_pid() is None: leave_in_order_at_exit()   # (a script under torchrun)
-    if run.together:   # every replica starts from the master's weights (then the same averaged gradients keep them equal)
+    if run.runs_collectives:   # every replica starts from the master's weights (then the same averaged gradients keep them equal)
         with torch.no_grad():
             # (a sharded model's shards are the master's already: `placed_sharded`)
             weights = [t for t in list(self.model.parameters()) + list(self.model.buffers()) if not isinstance(t, DTensor)]
@@ -221,7 +221,7 @@ def ended(e:ReplicasFailed) -> BaseException:
 
 def refuse_inside_a_run(settings:Settings, what:str):
     "Refuse to start replicas from a process that is itself a replica of a run: each replica would start a run of its own."
-    if not (settings.in_group or this_thread.run is not None and this_thread.run.together): return
+    if not (settings.in_group or this_thread.run is not None and this_thread.run.runs_collectives): return
     place = f'replica {settings.rank} of {settings.world_size}' if settings.in_group else f'replica {this_thread.run.ordinal}'
     by = "started by torchrun (torch's agent)" if settings.supervised else "placed by RANK and WORLD_SIZE"
     raise RuntimeError(f"{what} starts the replicas of a run, and this process is already {place} of one, {by}: every replica would "

@@ -48,7 +48,7 @@ class Meetings:
     def open(self):
         "Every replica: connect to the store where the replicas meet: the one their collectives share, else one the master opens."
         run = self.run
-        if not run.together or self.store is not None: return self.store
+        if not run.runs_collectives or self.store is not None: return self.store
         this_thread.stores += 1                 # (a thread's second run meets in namespaces of its own: every replica opens them in turn)
         name = 'run' if this_thread.stores == 1 else f'run{this_thread.stores}'
         shared = run.collectives.store()
@@ -88,7 +88,7 @@ class Meetings:
 
     def meet(self, what:str, advice:str=_advice):
         "Before the collective `what`: wait until every replica is at the same collective, else raise `ReplicasDiverged`."
-        if self.store is None or not self.run.together: return
+        if self.store is None or not self.run.runs_collectives: return
         self.met += 1
         self._in_store(lambda store: self._meet(store, self.met, what, advice))
 
@@ -108,7 +108,7 @@ class Meetings:
 
     def vote(self, yes:bool, what:str='a vote') -> bool:
         "Whether any replica says `yes` (every replica calls it)."
-        if not self.run.together or self.store is None: return bool(yes)
+        if not self.run.runs_collectives or self.store is None: return bool(yes)
         self.voted += 1
         return self._in_store(lambda store: self._vote(store, self.voted, yes, what))
 
@@ -126,7 +126,7 @@ class Meetings:
     def cancelled(self, why:str):
         "This replica's fit was cancelled: fine where every replica cancels it"
         run, key = self.run, f'cancelled/{self.fits}'
-        if not run.together or self.store is None: return
+        if not run.runs_collectives or self.store is None: return
         came, started = self._in_store(lambda store: store.add(key, 1)), time.monotonic()
         while came < run.count and time.monotonic() < started + run.fault_grace:
             self._waiting(started, f'the cancel of fit #{self.fits}', lambda: 'the others did not cancel theirs')

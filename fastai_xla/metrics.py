@@ -101,7 +101,7 @@ def gather_in_order(chunks, n_total:int, run=None):
     local = _cat(chunks)
     if local is None: return None
     if isinstance(local, (tuple, list)): return type(local)(gather_in_order([t], n_total, run) for t in local)
-    if run is None or not run.together: return local
+    if run is None or not run.runs_collectives: return local
     world = run.count
     per = math.ceil(n_total / world)
     g = run.all_gather(_pad_rows(local, per))                  # [world, per, ...]
@@ -150,7 +150,7 @@ class DeviceMetricsCallback(Callback):
 
     def _end_phase(self, also=()):
         mets = self._phase_metrics()
-        reduced = is_sharded(self.learn.dl) and self.learn.xla_run.together
+        reduced = is_sharded(self.learn.dl) and self.learn.xla_run.runs_collectives
         if reduced: self._reduce_metrics(mets)
         fetch_to_host([(m, a) for m in mets for a in _state_attrs(m)] + list(also))
         for m in mets:
@@ -212,7 +212,7 @@ class ReplicaPredsCallback(Callback):
                     whole = gather_in_order(chunks, n, self.learn.xla_run if is_sharded(self.learn.dl) else None)
                     setattr(cb, a, [] if whole is None else [whole])
             fetch_to_host([(cb, a) for a in ('preds', 'targets', 'inputs', 'losses')])
-        if gathers and n is not None and is_sharded(self.learn.dl) and self.learn.xla_run.together: step_boundary()   # (see `_end_phase`)
+        if gathers and n is not None and is_sharded(self.learn.dl) and self.learn.xla_run.runs_collectives: step_boundary()   # (see `_end_phase`)
 
 # %% ../nbs/02b_metrics.ipynb #59592fe9
 def on_run_device(learn, t) -> bool:

@@ -38,7 +38,7 @@ def set_rng_states(s:dict, runtime=None):
 def every_replica(run, mine, what:str) -> dict|None:
     "`{ordinal: mine}` of every replica of `run`."
     store = run.meetings.store
-    if not run.together or store is None: return {run.ordinal: mine}
+    if not run.runs_collectives or store is None: return {run.ordinal: mine}
     store.set(f'every_replica/{run.ordinal}', weights_bytes(mine))
     run.barrier(f'every replica\'s {what}')
     if not run.is_local_master: return None
@@ -265,7 +265,7 @@ class StopOnSignal(Callback):
     def after_batch(self):
         if not self.training or not self.signals or not self.listening: return
         run = getattr(self.learn, 'xla_run', None)
-        if run is not None and run.together and self.learn.train_iter % self.check_every: return
+        if run is not None and run.runs_collectives and self.learn.train_iter % self.check_every: return
         if self._any_replica_asked(): self._stop(self.epoch, getattr(self.dl, 'position', self.iter + 1))
 
     def after_epoch(self):

@@ -44,14 +44,14 @@ class Run:
     timeout = property(lambda self: self.settings.timeout)
     fault_grace = property(lambda self: self.settings.fault_grace)
     supervisor = property(lambda self: self.meetings.supervisor, doc="Who judges how this run ended: torch's agent, or the replicas through their meetings' store (`00g_meetings`).")
-    together = property(lambda self: self.count > 1 or self.collectives.runs_with_one_replica,
+    runs_collectives = property(lambda self: self.count > 1 or self.collectives.runs_with_one_replica,
                         doc="Do this run's replicas talk (several of them, or torch_xla's collectives run with one)?")
     def __repr__(self): return (f'Run({self.run_id}, {self.backend.name} on {self.device}, replica {self.ordinal} of {self.count} '
                                 f'({self.collectives.name}), seed {self.seed})')
 
     def _talk(self, what:str|None) -> bool:
         "Does a collective run? Those named by `what` are met first."
-        if not self.together: return False
+        if not self.runs_collectives: return False
         if what: self.meetings.meet(what)
         return True
 
@@ -73,7 +73,7 @@ class Run:
 
     def all_gather(self, t, what:str|None=None):
         "`t` from every replica, stacked along a new first dimension."
-        return self._collective(what, lambda: self.collectives.all_gather(t)) if self.together else t[None]
+        return self._collective(what, lambda: self.collectives.all_gather(t)) if self.runs_collectives else t[None]
 
     def broadcast_(self, tensors, src:int=0, what:str|None=None):
         "Copy the master's values of `tensors` into every replica's (in place)."
@@ -81,7 +81,7 @@ class Run:
 
     def broadcast_object(self, obj, src:int=0, tag:str='broadcast'):
         "The master's `obj` (picklable), on every replica."
-        return self._collective(tag, lambda: self.collectives.broadcast_object(obj, src, tag)) if self.together else obj
+        return self._collective(tag, lambda: self.collectives.broadcast_object(obj, src, tag)) if self.runs_collectives else obj
 
     def barrier(self, tag:str='barrier'):
         "Wait until every replica gets here: their meeting in the store is one"

@@ -55,7 +55,7 @@ class SyncedBatchNorm(BatchNormOnXLA):
     def synced_forward(self, x):
         "The forward with batch statistics over the replicas of this thread's run: outside a compiled graph."
         run = this_thread.run
-        if not (run is not None and run.together): return super().forward(x)   # (only torch's own forward is made this: `batch_norms`)
+        if not (run is not None and run.runs_collectives): return super().forward(x)   # (only torch's own forward is made this: `batch_norms`)
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         count, mean, m2 = global_batch_stats(x32, run)
         out = (x32 - _per_channel(mean, x32)) * _per_channel(torch.rsqrt(m2 / count + self.eps), x32)

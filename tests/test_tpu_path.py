@@ -79,7 +79,7 @@ learn.save('final'); learn.load('final')
 n_train = len(learn.dls.train)
 train_ar = re.findall(r'all-reduce\\((.*)', hlos['train'])
 print('RESULT', json.dumps(dict(
-    together=run.together, count=run.count, collectives=type(run.collectives).__name__, calls=calls,
+    runs_collectives=run.runs_collectives, count=run.count, collectives=type(run.collectives).__name__, calls=calls,
     steps=2 * n_train, votes=run.meetings.voted, meetings=run.meetings.met,
     train_all_reduces=len(re.findall(r' all-reduce\\(', hlos['train'])), valid_all_reduces=len(re.findall(r'all-reduce', hlos['valid'])),
     train_all_reduce_line=[l.strip() for l in hlos['train'].splitlines() if ' all-reduce(' in l][:1],
@@ -99,8 +99,8 @@ def always_allreduce(tmp_path_factory):
 
 def test_every_collective_of_torch_xlas_transport_runs_with_one_replica(always_allreduce):
     on, off = always_allreduce['1'], always_allreduce['0']
-    assert on['together'] and on['count'] == 1 and on['collectives'] == 'XLACollectives', on
-    assert not off['together'] and off['calls'] == {}, off                  # without the switch: one replica, nothing to say
+    assert on['runs_collectives'] and on['count'] == 1 and on['collectives'] == 'XLACollectives', on
+    assert not off['runs_collectives'] and off['calls'] == {}, off                  # without the switch: one replica, nothing to say
     calls = on['calls']
     assert calls.get('reduce_gradients', 0) == on['steps'], calls           # every training step, once
     for name in ('all_reduce_sum', 'all_gather', 'broadcast_', 'broadcast_object', 'barrier'): assert calls.get(name, 0) >= 1, (name, calls)

@@ -29,6 +29,11 @@ batches to the device in a background thread, as it does by default on a TPU and
 - `mixup`, `cutmix`: the vision recipe with fastai's `MixUp()` or `CutMix()` (fastbook's chapter 7);
 - `activation_stats`: the vision recipe with fastai's `ActivationStats(with_hist=True)` (fastbook's chapter 13: a hook
   on each of resnet18's layers with parameters, its statistics and histograms kept for every training batch);
+- `padded_tokens`: the digits as variable-length token sequences (each pixel with ink a token: 9 to 51 a digit) padded
+  per batch by fastai's `pad_input` (`before_batch=partial(pad_input, pad_idx=0)`, as Hugging Face users write it), and
+  torch's `nn.TransformerEncoder` masking the padding (its nested-tensor path in evaluation: the CPU's alone);
+- `bert`: a random-init Hugging Face `BertForSequenceClassification` (2 layers, 64 wide; config only, nothing
+  downloaded) behind a logits wrapper that passes a 4D mask, on the digits' 64 pixel values as tokens (needs `transformers`);
 - `accumulate`: fastbook's chapter 7 with small batches: label smoothing (`LabelSmoothingCrossEntropy`), batches of 32,
   `GradientAccumulation(n_acc=64)` (a step every second batch; under `--launch` every replica's items count).
 Text (`AWD_LSTM`) has its own script, `text.py`. `--launch` prints instead each recipe's metric, compiles and reads
@@ -58,6 +63,7 @@ warnings.filterwarnings('ignore')
 from fastai.vision.all import *
 from fastai.tabular.all import *
 from fastai.collab import CollabDataLoaders, collab_learner
+from fastai.text.data import TensorText, pad_input
 from fastai_xla.all import *
 from bench import measure_host, StepCounts, host_and_calls, top_packages
 from reference_loop import train_reference
@@ -144,6 +150,45 @@ def smoothed_small_batches(out):
     dls = ImageDataLoaders.from_folder(path, valid_pct=0.2, seed=42, bs=32, batch_tfms=aug_transforms())
     return vision_learner(dls, resnet18, pretrained=False, loss_func=LabelSmoothingCrossEntropy(), metrics=accuracy), 'accuracy', 1e-2
 
+def ink_tokens(x) -> TensorText:
+    "A digit's pixels with ink as token ids, each its place and value (0 the padding): 9 to 51 tokens a digit."
+    return TensorText(torch.tensor([1 + 17 * p + int(v) for p, v in enumerate(x) if v > 2]))
+
+class TokenTransformer(nn.Module):
+    "Token ids in, torch's `nn.TransformerEncoder` masking the padding, the mean of its outputs, logits out."
+    def __init__(self, vocab:int=17 * 64 + 1, d:int=32):
+        super().__init__()
+        self.emb, self.out = nn.Embedding(vocab, d, padding_idx=0), nn.Linear(d, 10)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 64, dropout=0.1, batch_first=True), 2)
+    def forward(self, x):
+        pad = x == 0
+        keep = (~pad).float()[..., None]
+        return self.out((self.encoder(self.emb(x), src_key_padding_mask=pad) * keep).sum(1) / keep.sum(1))
+
+def padded_tokens(out):
+    "Variable-length token sequences padded per batch by fastai's `pad_input` (as Hugging Face users write it), a transformer."
+    from sklearn.datasets import load_digits
+    X, Y = load_digits(return_X_y=True)
+    items = [(ink_tokens(x), int(y)) for x, y in zip(X, Y)]
+    dls = DataLoaders.from_dsets(items[:1400], items[1400:], bs=64, before_batch=partial(pad_input, pad_idx=0))
+    return Learner(dls, TokenTransformer(), loss_func=CrossEntropyLossFlat(), metrics=accuracy), 'accuracy', 3e-3
+
+class HuggingFaceLogits(nn.Module):
+    "A Hugging Face classifier as fastai takes a model: token ids in, logits out; its mask 4D (taken as it is, never read)."
+    def __init__(self, model): super().__init__(); self.model = model
+    def forward(self, ids): return self.model(input_ids=ids, attention_mask=(ids != 0)[:, None, None, :]).logits
+
+def bert(out):
+    "A random-init Hugging Face `BertForSequenceClassification` (config only) on the digits' 64 pixels as tokens."
+    from transformers import BertConfig, BertForSequenceClassification
+    from sklearn.datasets import load_digits
+    X, Y = load_digits(return_X_y=True)
+    items = [(torch.tensor(x, dtype=torch.long) + 1, int(y)) for x, y in zip(X, Y)]
+    dls = DataLoaders.from_dsets(items[:1400], items[1400:], bs=64)
+    config = BertConfig(vocab_size=20, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        max_position_embeddings=64, num_labels=10)
+    return Learner(dls, HuggingFaceLogits(BertForSequenceClassification(config)), loss_func=CrossEntropyLossFlat(), metrics=accuracy), 'accuracy', 3e-3
+
 def with_callbacks(*make):
     "A one-cycle fit with fastai's training callbacks `make()` (made anew for each fit), as fastbook's chapter 7 adds them."
     def fit(learn, epochs, lr, cbs): learn.fit_one_cycle(epochs, lr, cbs=[*L(cbs), *(m() for m in make)])
@@ -168,7 +213,8 @@ def progressive_fit(learn, epochs, lr, cbs):
 
 RECIPES = dict(vision=vision, segmentation=segmentation, tabular=tabular, collab=collab, torch_loaders=torch_loaders, gan=gan,
                multilabel=multilabel, keypoints=keypoints, regression=regression, progressive=progressive,
-               mixup=vision, cutmix=vision, accumulate=smoothed_small_batches, activation_stats=vision)
+               mixup=vision, cutmix=vision, accumulate=smoothed_small_batches, activation_stats=vision,
+               padded_tokens=padded_tokens, bert=bert)
 FITS = dict(gan='fit', progressive=progressive_fit,   # (fastai's WGAN tutorial trains with a constant rate; the others with one cycle)
             mixup=with_callbacks(MixUp), cutmix=with_callbacks(CutMix), accumulate=with_callbacks(partial(GradientAccumulation, n_acc=64)),
             activation_stats=with_callbacks(partial(ActivationStats, with_hist=True)))

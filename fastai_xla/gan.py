@@ -13,7 +13,7 @@ import torch
 # %% auto #0
 __all__ = ['GANTrainerOnXLA']
 
-# %% ../nbs/14_gan.ipynb #886cd631
+# %% ../nbs/14_gan.ipynb #8f61e6de
 class GANTrainerOnXLA(XLAVersion):
     "fastai's `GANTrainer` keeping its smoothed losses and last generated batch on the device, read once per training phase."
     _xla_attrs = ('gen_loss_fastai', 'crit_loss_fastai')

@@ -54,6 +54,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--steps', type=int, default=20)
     a = p.parse_args()
+    if a.steps < 2: p.error(f'--steps {a.steps}: at least 2 (the first step compiles; the table reports the steps after it)')
     check_autograd()
     torch.manual_seed(0)
     lstm, x, device = nn.LSTM(N, N, bias=False), torch.randn(T, BS, N), torch_xla.device()
